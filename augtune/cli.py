@@ -1,0 +1,115 @@
+"""`augtune ...`: train in-process and list what is registered.
+
+Bad input (config, data, paths) gets one line on stderr naming what is wrong and exit code 2,
+before anything is written. A run that fails while training (NaN loss) exits 1 after its record
+says why.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input found before anything was launched or written."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="augtune", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train and evaluate one config in this process")
+    t.add_argument("config", nargs="?", help="YAML config (defaults for every key left out)")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted key, e.g. --set train.lr=0.01 (repeatable)")
+    t.add_argument("--out", type=Path, help="run folder (default: runs/<method>-<dataset>-<time>)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its checkpoint (CONFIG defaults to its config.yaml)")
+    t.set_defaults(func=cmd_train)
+
+    m = sub.add_parser("methods", help="list base methods, augmentation methods and datasets")
+    m.set_defaults(func=cmd_methods)
+    return p
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from augtune.config import ConfigError, load_config, method_label
+    from augtune.data import DataError, load_dataset
+    from augtune.records import CHECKPOINT_FILE, CONFIG_FILE, RECORD_FILE
+    from augtune.trainables import NonFiniteLoss, train_run
+
+    config_path = args.config
+    if args.resume:
+        if args.out is None:
+            raise UsageError("--resume needs --out, the run folder to continue")
+        if not (args.out / CHECKPOINT_FILE).is_file():
+            raise UsageError(f"--resume: no checkpoint at {args.out / CHECKPOINT_FILE}")
+        config_path = config_path or args.out / CONFIG_FILE
+    try:
+        cfg = load_config(config_path, args.overrides)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    out = args.out or Path("runs") / f"{method_label(cfg)}-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    if not args.resume and (out / RECORD_FILE).exists():
+        raise UsageError(f"--out: {out} already holds a run; pass --resume to continue it or choose another folder")
+    try:
+        data = load_dataset(cfg.dataset)
+    except DataError as e:
+        raise UsageError(str(e)) from None
+    print(f"{method_label(cfg)} on {cfg.dataset.name}: {len(data.x_train)} train / {len(data.x_test)} test, "
+          f"{data.modality} {tuple(data.shape)}, {data.num_classes} classes -> {out}", flush=True)
+    try:
+        record = train_run(cfg, data, out, resume=args.resume, log=lambda s: print(s, flush=True))
+    except ValueError as e:  # a setup the config types cannot rule out (batch larger than the data, ...)
+        raise UsageError(str(e)) from None
+    except NonFiniteLoss as e:
+        print(f"augtune: run failed: {e} (record: {out / RECORD_FILE})", file=sys.stderr)
+        return 1
+    final = record["final"]
+    refs = record["references"]
+    if final:
+        width = max(len(k) for k in final)
+        head = f"{'metric':<{width}}  {'trained':>8}" + "".join(f"  {r:>11}" for r in refs)
+        print(head)
+        for k, v in final.items():
+            print(f"{k:<{width}}  {v:>8.4f}" + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
+    print(f"record: {out / RECORD_FILE}")
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from augtune.data import DATASETS
+    from augtune.methods import AUGMENTATIONS, BASES
+
+    def doc(obj) -> str:
+        return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+
+    print("base methods (method.base):")
+    for name, cls in BASES.items():
+        print(f"  {name:<14} {doc(cls)}")
+    print("augmentation methods (method.augment):")
+    for name, cls in AUGMENTATIONS.items():
+        print(f"  {name:<14} {doc(cls)}")
+    if not AUGMENTATIONS:
+        print("  (none registered yet)")
+    print("datasets (dataset.name):")
+    for name, fn in DATASETS.items():
+        print(f"  {name:<14} {doc(fn)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"augtune: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

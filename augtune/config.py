@@ -1,0 +1,359 @@
+"""Typed, frozen experiment config: YAML in, dotted overrides, errors that name the key.
+
+Every section is a frozen dataclass; a field's metadata carries its range or choices. Loading
+refuses unknown keys, wrong types and out-of-range values with one line such as
+``train.lr: expected a number > 0, got -1``. Names that live in registries (datasets, methods)
+are checked by :func:`check_names`, which imports the registries lazily so that this module stays
+importable from everywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line that names the dotted key."""
+
+
+def _f(default: Any, *, min: float | None = None, max: float | None = None,
+       min_open: bool = False, max_open: bool = False, **kw: Any) -> Any:
+    """A field with an optional numeric range (closed unless ``*_open``)."""
+    meta = {"min": min, "max": max, "min_open": min_open, "max_open": max_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str = "digits"  # the embedded default: scikit-learn's 1797 real 8x8 digits
+    root: Optional[str] = None  # folder of the data files; None: the dataset's usual place
+    path: Optional[str] = None  # `arrays`: the .npz or .csv file
+    as_vectors: bool = False  # flatten images into vectors (the papers' non-vision setting)
+    test_fraction: float = _f(0.3, min=0, max=1, min_open=True, max_open=True)  # when no split is given
+    split_seed: int = 0  # the stratified split does not move with train.seed: seeds vary training only
+    download: bool = False  # never touch the network unless asked
+    max_train: Optional[int] = _f(None, min=1)  # stratified, seeded subsample (smoke runs, budgets)
+    max_test: Optional[int] = _f(None, min=1)
+    standardize: bool = True  # vectors: z-score each feature with train statistics (PiNDA B.2 "rescale")
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    # auto: `simclr` for images, `noise` for vectors (PiNDA's "Random Noise" baseline view)
+    name: Literal["auto", "simclr", "identity", "noise", "mask", "noise_mask"] = "auto"
+    crop_scale: tuple[float, ...] = (0.2, 1.0)  # SimCLR uses 0.08 on ImageNet; 8x8 digits lose the digit below ~0.2
+    flip_p: float = _f(0.5, min=0, max=1)
+    jitter: float = _f(0.4, min=0)  # brightness/contrast/saturation strength (SimCLR CIFAR: 0.4)
+    hue: float = _f(0.1, min=0, max=0.5)
+    jitter_p: float = _f(0.8, min=0, max=1)
+    gray_p: float = _f(0.2, min=0, max=1)
+    blur_p: float = _f(0.0, min=0, max=1)  # SimCLR drops blur for 32x32 CIFAR; kernel ~10% of the side
+    noise_std: float = _f(1.0, min=0)  # vectors: std of the added Gaussian, in standardised units
+    mask_p: float = _f(0.2, min=0, max=1, max_open=True)  # vectors: fraction of features zeroed
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # auto: mlp for vectors, cnn for images up to 32 px, resnet18 above
+    backbone: Literal["auto", "mlp", "cnn", "resnet18", "resnet34", "resnet50"] = "auto"
+    hidden_dim: int = _f(1024, min=1)  # MLP: PiNDA's 3 layers of 1024 ...
+    num_layers: int = _f(3, min=1)
+    embed_dim: int = _f(256, min=1)  # ... to a 256-d embedding
+    width: int = _f(32, min=1)  # CNN: channels of the first block, doubled per block
+    norm: Literal["batch", "none"] = "batch"  # none: makes DDP over ranks equal one big batch exactly
+    proj_hidden_dim: int = _f(256, min=1)  # projector 256 -> 128 as PiNDA B.2
+    proj_dim: int = _f(128, min=1)
+    pred_hidden_dim: int = _f(512, min=1)  # BYOL/SimSiam predictor bottleneck
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    base: str = "simclr"
+    augment: tuple[str, ...] = ()  # augmentation methods stacked on the base, in order
+    momentum: Optional[float] = _f(None, min=0, max=1)  # EMA start; None: BYOL 0.99, MoCo 0.99 (short runs)
+    queue_size: int = _f(4096, min=1)  # MoCo negatives; MoCo v2 uses 65536 on ImageNet
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _f(20, min=1)
+    batch_size: int = _f(256, min=2)  # global: split across DDP ranks
+    lr: float = _f(1e-3, min=0, min_open=True)  # PiNDA B.4: Adam 1e-3
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float = _f(1e-6, min=0)
+    momentum: float = _f(0.9, min=0, max=1)  # SGD only
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_epochs: float = _f(0.0, min=0)  # linear ramp; a short smoke run may end inside it
+    min_lr_ratio: float = _f(0.0, min=0, max=1)  # cosine ends at lr * min_lr_ratio
+    temperature: float = _f(0.1, min=0, min_open=True)  # PiNDA B.4 and NRCC: tau = 0.1
+    phases: str = ""  # e.g. "A:200,B:400,A:800", scaled to `epochs`; empty: one phase
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    grad_clip: Optional[float] = _f(None, min=0, min_open=True)
+    checkpoint_every: int = _f(1, min=0)  # epochs between checkpoints; 0: only the last
+    num_threads: Optional[int] = _f(None, min=1)  # torch intra-op threads; None: torch's choice
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = _f(1, min=0)  # epochs between `epoch_metrics`; 0: only at the end
+    epoch_metrics: tuple[str, ...] = ("knn",)  # cheap ones, reported per epoch (schedulers use them)
+    metrics: tuple[str, ...] = ("knn", "sr", "linear", "kmeans")  # at the end of the run
+    references: bool = True  # also evaluate the `raw` input and the `random-init` backbone
+    knn_k: int = _f(5, min=1)  # PiNDA B.3
+    sr_epochs: int = _f(50, min=1)  # PiNDA B.3: softmax regression, Adam 1e-3, 50 epochs, batch 256
+    sr_lr: float = _f(1e-3, min=0, min_open=True)
+    sr_batch_size: int = _f(256, min=1)
+    linear_val_fraction: float = _f(0.2, min=0, max=1, min_open=True, max_open=True)
+    batch_size: int = _f(1024, min=1)  # feature extraction
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    space: Optional[str] = None
+    metric: str = "knn_acc"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = _f(1, min=1)
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    num_workers: int = _f(1, min=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = _f(1.0, min=0, min_open=True)
+    gpus_per_worker: float = _f(0.0, min=0)
+
+
+@dataclass(frozen=True)
+class Config:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    view: ViewConfig = field(default_factory=ViewConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing and validation
+
+_NONE = type(None)
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not _NONE]
+        return _describe(inner[0]) + " or null"
+    if origin is tuple:
+        return f"a list of {_describe(args[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    bad = ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        return _coerce(key, value, next(a for a in args if a is not _NONE))
+    if origin is Literal:
+        if value not in args:
+            raise bad
+        return value
+    if origin is tuple:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and args[0] is not float:
+            value = [value]  # `augment: pinda` means `[pinda]`
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads `1e-3` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise TypeError(f"unsupported config type {tp} for {key}")
+
+
+def _check_range(key: str, value: Any, meta: dict) -> None:
+    if value is None or isinstance(value, (tuple, str, bool)):
+        return
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and (value <= lo if meta.get("min_open") else value < lo):
+        raise ConfigError(f"{key}: expected a number {'>' if meta.get('min_open') else '>='} {lo}, got {value}")
+    if hi is not None and (value >= hi if meta.get("max_open") else value > hi):
+        raise ConfigError(f"{key}: expected a number {'<' if meta.get('max_open') else '<='} {hi}, got {value}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in known:
+            where = f"{prefix}.{k}" if prefix else str(k)
+            raise ConfigError(f"{where}: unknown key (known: {', '.join(known)})")
+    kwargs = {}
+    for name, f in known.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, data.get(name), key)
+        elif name in data:
+            value = _coerce(key, data[name], tp)
+            _check_range(key, value, f.metadata)
+            kwargs[name] = value
+    obj = cls(**kwargs)
+    _validate_section(obj, prefix)
+    return obj
+
+
+def _validate_section(obj: Any, prefix: str) -> None:
+    """Cross-field rules that a single field's type and range cannot say."""
+    if isinstance(obj, ViewConfig):
+        lo_hi = obj.crop_scale
+        if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
+            raise ConfigError(f"{prefix}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got {list(lo_hi)}")
+    if isinstance(obj, TrainConfig):
+        if obj.phases:
+            from augtune.trainables.phases import parse_phases  # the parser is the loop's
+            try:
+                parse_phases(obj.phases, obj.epochs)
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.phases: {e}") from None
+    if isinstance(obj, EvalConfig):
+        allowed = ("knn", "sr", "linear", "kmeans")
+        for name in ("metrics", "epoch_metrics"):
+            for m in getattr(obj, name):
+                if m not in allowed:
+                    raise ConfigError(f"{prefix}.{name}: unknown metric {m!r} (known: {', '.join(allowed)})")
+
+
+def from_dict(data: Any) -> Config:
+    return _build(Config, data, "")
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain, YAML/JSON-friendly dict (tuples become lists)."""
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+    return plain(cfg)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.lr=0.01` -> ("train.lr", 0.01); the value is read as a YAML scalar or list."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=0.01")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: could not read value {raw!r} as YAML") from None
+    return key, value
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Set dotted keys in a nested dict (not yet validated: `from_dict` does that)."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (data or {}).items()}
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, cannot set {key}")
+            else:
+                child = node[part] = dict(child)
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read YAML (or defaults when ``path`` is None), apply ``--set`` overrides, validate fully."""
+    data = read_yaml(path) if path is not None else {}
+    cfg = from_dict(apply_overrides(data, overrides))
+    check_names(cfg)
+    return cfg
+
+
+def check_names(cfg: Config) -> None:
+    """Names that refer to registries: datasets, base methods and augmentation methods."""
+    from augtune.data import DATASETS
+    from augtune.methods import AUGMENTATIONS, BASES
+
+    if cfg.dataset.name not in DATASETS:
+        raise ConfigError(f"dataset.name: unknown dataset {cfg.dataset.name!r} (known: {', '.join(sorted(DATASETS))})")
+    if cfg.method.base not in BASES:
+        raise ConfigError(f"method.base: unknown base method {cfg.method.base!r} (known: {', '.join(sorted(BASES))})")
+    for i, name in enumerate(cfg.method.augment):
+        if name not in AUGMENTATIONS:
+            known = ", ".join(sorted(AUGMENTATIONS)) or "none yet"
+            raise ConfigError(f"method.augment[{i}]: unknown augmentation method {name!r} (known: {known})")
+    if len(set(cfg.method.augment)) != len(cfg.method.augment):
+        raise ConfigError(f"method.augment: lists a method twice: {list(cfg.method.augment)}")
+    if cfg.dataset.name == "arrays" and not cfg.dataset.path:
+        raise ConfigError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
+
+
+def method_label(cfg: Config) -> str:
+    """`simclr`, `byol+pinda`: the row name tables group by."""
+    return "+".join((cfg.method.base, *cfg.method.augment))

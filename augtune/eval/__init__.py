@@ -1,0 +1,22 @@
+"""Evaluation of frozen features: k-NN, softmax regression, linear probe, k-means clustering."""
+from augtune.eval.clustering import cluster_accuracy, kmeans_scores
+from augtune.eval.evaluate import METRICS, evaluate
+from augtune.eval.knn import knn_accuracy
+from augtune.eval.probes import (
+    fit_logistic_regression,
+    linear_probe_accuracy,
+    select_C,
+    softmax_regression_accuracy,
+)
+
+__all__ = [
+    "METRICS",
+    "cluster_accuracy",
+    "evaluate",
+    "fit_logistic_regression",
+    "kmeans_scores",
+    "knn_accuracy",
+    "linear_probe_accuracy",
+    "select_C",
+    "softmax_regression_accuracy",
+]

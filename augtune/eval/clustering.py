@@ -1,0 +1,60 @@
+"""Clustering scores of frozen features: k-means with k = number of classes, and the Hungarian
+cluster accuracy that every `*_acc` clustering score uses.
+
+A clustering metric is one function ``(x, y, ...) -> {"<prefix>_acc", "<prefix>_nmi", ...}`` here
+plus one entry in :data:`augtune.eval.evaluate.METRICS`.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+
+def _numpy(a) -> np.ndarray:
+    """torch tensor (any device) or array-like -> numpy array."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def cluster_accuracy(y_true, y_pred) -> float:
+    """Fraction of points whose cluster is matched to their class by the best one-to-one matching.
+
+    The matching is the Hungarian assignment on the rectangular (clusters x classes) contingency
+    matrix, so it is defined for any number of clusters and classes and for any label values
+    (e.g. classes {2, 5, 9}, clusters {0, 7}). Each cluster is matched to at most one class and
+    vice versa; points in unmatched clusters count as wrong. One cluster holding everything scores
+    the majority-class fraction.
+    """
+    y_true, y_pred = _numpy(y_true).ravel(), _numpy(y_pred).ravel()
+    if y_true.shape != y_pred.shape:
+        raise ValueError(f"cluster_accuracy: {len(y_true)} labels but {len(y_pred)} cluster assignments")
+    if len(y_true) == 0:
+        raise ValueError("cluster_accuracy: no points")
+    _, cls = np.unique(y_true, return_inverse=True)
+    _, clu = np.unique(y_pred, return_inverse=True)
+    counts = np.zeros((clu.max() + 1, cls.max() + 1), dtype=np.int64)  # (clusters, classes)
+    np.add.at(counts, (clu, cls), 1)
+    rows, cols = linear_sum_assignment(counts, maximize=True)
+    return float(counts[rows, cols].sum() / len(y_true))
+
+
+def kmeans_scores(x, y, k: int, seed: int = 0) -> dict[str, float]:
+    """k-means (k clusters, 10 k-means++ restarts, ``random_state=seed``) on L2-normalised features.
+
+    L2-normalised, not standardised: the contrastive objectives compare features by cosine
+    similarity, so direction carries the information and the norm is free to vary; this is also
+    the geometry k-NN uses (:func:`augtune.eval.knn.knn_accuracy`). Returns ``kmeans_acc``
+    (Hungarian, :func:`cluster_accuracy`), ``kmeans_nmi`` and ``kmeans_ari``.
+    """
+    x = _numpy(x).astype(np.float64)  # (N, D)
+    y = _numpy(y).ravel()
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    pred = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)
+    return {
+        "kmeans_acc": cluster_accuracy(y, pred),
+        "kmeans_nmi": float(normalized_mutual_info_score(y, pred)),
+        "kmeans_ari": float(adjusted_rand_score(y, pred)),
+    }

@@ -1,0 +1,61 @@
+"""The one evaluation entry point: named metrics from a registry, parameters from `EvalConfig`.
+
+Each registry entry takes ``(train_x, train_y, test_x, test_y, num_classes, cfg, seed)`` and returns
+a flat dict of the DESIGN.md metric names it produces. Adding a metric (e.g. ``cluster`` for
+UMAP + GridShift) is one function and one entry here.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from augtune.config import EvalConfig
+from augtune.eval.clustering import kmeans_scores
+from augtune.eval.knn import knn_accuracy
+from augtune.eval.probes import linear_probe_accuracy, softmax_regression_accuracy
+
+Metric = Callable[..., dict[str, float]]
+
+
+def _knn(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+    return {"knn_acc": knn_accuracy(train_x, train_y, test_x, test_y, k=cfg.knn_k, batch_size=cfg.batch_size)}
+
+
+def _sr(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+    return {"sr_acc": softmax_regression_accuracy(train_x, train_y, test_x, test_y, num_classes, epochs=cfg.sr_epochs,
+                                                  lr=cfg.sr_lr, batch_size=cfg.sr_batch_size, seed=seed)}
+
+
+def _linear(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+    return {"linear_acc": linear_probe_accuracy(train_x, train_y, test_x, test_y,
+                                                val_fraction=cfg.linear_val_fraction, seed=seed)}
+
+
+def _kmeans(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+    # Clustering scores are computed on the TEST features: they measure the held-out data's
+    # structure, and the test split is the smaller one (k-means cost grows with N).
+    return kmeans_scores(test_x, test_y, k=num_classes, seed=seed)
+
+
+METRICS: dict[str, Metric] = {
+    "knn": _knn,  # -> knn_acc
+    "sr": _sr,  # -> sr_acc
+    "linear": _linear,  # -> linear_acc
+    "kmeans": _kmeans,  # -> kmeans_acc, kmeans_nmi, kmeans_ari
+}
+
+
+def evaluate(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, metrics: tuple[str, ...],
+             seed: int = 0) -> dict[str, float]:
+    """Run the named ``metrics`` (keys of :data:`METRICS`) and return one flat ``{name: float}``.
+
+    Features are float (N, D) and labels int (N,), torch tensors (any device) or numpy arrays.
+    Clustering metrics use the test split only. ``seed`` seeds each metric's own generator;
+    the global torch / numpy RNG state is never consumed.
+    """
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise KeyError(f"unknown metric(s) {unknown} (known: {', '.join(METRICS)})")
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(metrics):  # in order, once each
+        out.update(METRICS[name](train_x, train_y, test_x, test_y, num_classes, cfg, seed))
+    return out

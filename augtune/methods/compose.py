@@ -1,0 +1,86 @@
+"""A method = one base objective + zero or more augmentation methods, composed in config order."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from augtune.methods.base import Augmentation, Batch, Encoder, Objective, OptimizerSpec, StepInfo
+
+
+class Method(nn.Module):
+    """What the training loop trains. ``forward`` is one training step's loss (so DDP can wrap it)."""
+
+    def __init__(self, objective: Objective, augments: list[Augmentation]):
+        super().__init__()
+        self.objective = objective
+        self.augments = nn.ModuleList(augments)
+        objective.feature_hooks = [self._perturb_features] if augments else []
+        # Phases the encoder trains in: the last augmentation that restricts them wins (None: all).
+        self.encoder_phases = next((a.encoder_phases for a in reversed(augments)
+                                    if a.encoder_phases is not None), None)
+
+    def _perturb_features(self, h: torch.Tensor, info: StepInfo | None) -> torch.Tensor:
+        for aug in self.augments:
+            out = aug.perturb_features(h, info)
+            if out is not None:
+                h = out
+        return h
+
+    def forward(self, batch: Batch, info: StepInfo) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Total loss and its named terms (detached) for one step."""
+        for aug in self.augments:
+            batch = aug.transform(batch, self, info)
+        for aug in self.augments:
+            terms = aug.phase_loss(batch, self, info)
+            if terms is not None:
+                break
+        else:
+            loss, out = self.objective.loss(batch.views[0], batch.views[1], info)
+            terms = {"contrast": loss}
+            for aug in self.augments:
+                terms.update(aug.loss_terms(batch, out, self, info))
+        total = sum(terms.values())
+        return total, {k: v.detach() for k, v in terms.items()}
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Representation that evaluation sees (the backbone's output)."""
+        return self.objective.features(x)
+
+    def optimizer_specs(self) -> list[OptimizerSpec]:
+        """The encoder's optimiser (objective + jointly trained networks) first, then the augments'."""
+        params = [p for p in self.objective.parameters() if p.requires_grad]
+        for aug in self.augments:
+            params += aug.joint_parameters()
+        specs = [OptimizerSpec("encoder", params, phases=self.encoder_phases)]
+        for aug in self.augments:
+            specs += aug.optimizer_specs()
+        return specs
+
+    def default_phases(self) -> str:
+        return next((s for s in (a.default_phases() for a in self.augments) if s), "")
+
+    def after_step(self, batch: Batch, info: StepInfo, optimizers: dict) -> None:
+        if self.encoder_active(info.phase):
+            self.objective.after_step(info)
+        for aug in self.augments:
+            aug.after_step(batch, self, info, optimizers)
+
+    def encoder_active(self, phase: str) -> bool:
+        return self.encoder_phases is None or phase in self.encoder_phases
+
+    def on_epoch_start(self, info: StepInfo) -> None:
+        for aug in self.augments:
+            aug.on_epoch_start(self, info)
+
+
+def build_method(cfg, data) -> Method:
+    """Backbone, objective and augmentation methods for `cfg` on `data` (a DataSplit)."""
+    from augtune.methods import AUGMENTATIONS, BASES
+    from augtune.models import build_backbone
+
+    backbone = build_backbone(cfg.model, data.modality, data.shape)
+    encoder = Encoder(backbone, data.mean, data.std)
+    objective = BASES[cfg.method.base](encoder, cfg)
+    augments = [AUGMENTATIONS[name](cfg, data) for name in cfg.method.augment]
+    return Method(objective, augments)

@@ -1,0 +1,40 @@
+"""MoCo v2 (Chen et al., 2020): momentum key encoder and a FIFO queue of negatives."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from augtune.methods.base import Encoder, MomentumObjective, StepInfo
+from augtune.methods.losses import gather_no_grad, info_nce_queue
+
+
+class MoCo(MomentumObjective):
+    name = "moco"
+    default_momentum = 0.99  # MoCo uses 0.999 over ~500k ImageNet steps; short runs need 0.99
+
+    def __init__(self, encoder: Encoder, cfg):
+        super().__init__(encoder, cfg)
+        dim, size = cfg.model.proj_dim, cfg.method.queue_size
+        # Random unit vectors to start, as MoCo does; they are flushed after `size` keys.
+        self.register_buffer("queue", F.normalize(torch.randn(size, dim), dim=1))  # (K, D)
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor) -> None:
+        """Write keys (all ranks' in rank order) at the pointer, oldest entries first out."""
+        keys = gather_no_grad(F.normalize(keys, dim=1))
+        size = self.queue.shape[0]
+        keys = keys[-size:]  # a batch larger than the queue keeps its newest keys
+        slots = (self.queue_ptr + torch.arange(keys.shape[0], device=keys.device)) % size
+        self.queue[slots] = keys.to(self.queue.dtype)
+        self.queue_ptr.copy_((self.queue_ptr + keys.shape[0]) % size)
+
+    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, dict]:
+        q1, q2 = self.project(v1, info), self.project(v2, info)
+        k1, k2 = self.target_project(v1), self.target_project(v2)
+        tau = self.cfg.train.temperature
+        queue = self.queue.clone()  # the negatives of this step; enqueue below writes in place
+        loss = info_nce_queue(q1, k2, queue, tau) + info_nce_queue(q2, k1, queue, tau)  # symmetrised
+        if self.training:
+            self.enqueue(torch.cat([k1, k2]))
+        return loss, {"z1": q1, "z2": q2, "t1": k1, "t2": k2}

@@ -1,0 +1,16 @@
+"""SimCLR (Chen et al., 2020): NT-Xent between two views, negatives from the whole (global) batch."""
+from __future__ import annotations
+
+import torch
+
+from augtune.methods.base import Objective, StepInfo
+from augtune.methods.losses import nt_xent
+
+
+class SimCLR(Objective):
+    name = "simclr"
+
+    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, dict]:
+        z1, z2 = self.project(v1, info), self.project(v2, info)  # (B, proj_dim) each
+        loss = nt_xent(z1, z2, self.cfg.train.temperature)
+        return loss, {"z1": z1, "z2": z2}
