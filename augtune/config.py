@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -119,19 +119,35 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class RepeatBestConfig:
+    top: int = _f(0, min=0)  # re-run the best `top` configurations after the search ...
+    seeds: tuple[int, ...] = (1, 2, 3)  # ... once per seed, so tables have mean +- std
+
+
+@dataclass(frozen=True)
 class SearchConfig:
-    space: Optional[str] = None
+    # a registered space (`simclr`, `pinda`, ...) or an inline mapping {dotted key: domain}, e.g.
+    # {train.lr: "loguniform(1e-4, 1e-1)", method.base: "choice([simclr, byol])"}
+    space: Union[str, dict, None] = None
+    algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna: TPE, seeded by `seed`
+    seed: int = 0
+    num_samples: int = _f(4, min=1)  # trials (grid: repeats of the whole grid)
     metric: str = "knn_acc"
     mode: Literal["max", "min"] = "max"
-    num_samples: int = _f(1, min=1)
+    scheduler: Literal["none", "asha"] = "none"
+    grace_period: int = _f(1, min=1)  # ASHA: epochs before a trial may be stopped
+    reduction_factor: float = _f(2.0, min=1, min_open=True)
+    max_concurrent: Optional[int] = _f(None, min=1)  # None: as many as the resources allow
+    max_failures: int = _f(2, min=0)  # retries of a failed trial (a lost node), from its checkpoint
+    repeat_best: RepeatBestConfig = field(default_factory=RepeatBestConfig)
 
 
 @dataclass(frozen=True)
 class ResourcesConfig:
-    num_workers: int = _f(1, min=1)
+    num_workers: int = _f(1, min=1)  # DDP workers per trial; 1: the loop runs inside the trial itself
     use_gpu: bool = False
     cpus_per_worker: float = _f(1.0, min=0, min_open=True)
-    gpus_per_worker: float = _f(0.0, min=0)
+    gpus_per_worker: float = _f(0.0, min=0)  # 0 with use_gpu: one GPU per worker
 
 
 @dataclass(frozen=True)
@@ -158,19 +174,46 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not _NONE]
-        return _describe(inner[0]) + " or null"
+        return " or ".join(_describe(a) for a in inner) + (" or null" if _NONE in args else "")
     if origin is tuple:
         return f"a list of {_describe(args[0])}"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            dict: "a mapping"}.get(tp, str(tp))
+
+
+class FrozenDict(dict):
+    """A read-only dict, so that configs holding a mapping stay frozen and hashable."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("config mappings are read-only")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return FrozenDict({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     bad = ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
     if origin in (typing.Union, types.UnionType):
-        if value is None:
+        if value is None and _NONE in args:
             return None
-        return _coerce(key, value, next(a for a in args if a is not _NONE))
+        for a in args:
+            if a is not _NONE:
+                try:
+                    return _coerce(key, value, a)
+                except ConfigError:
+                    pass
+        raise bad
     if origin is Literal:
         if value not in args:
             raise bad
@@ -202,6 +245,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, str):
             raise bad
         return value
+    if tp is dict:  # a free mapping (an inline search space), checked by its own reader
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise bad
+        return _freeze(value)
     raise TypeError(f"unsupported config type {tp} for {key}")
 
 
@@ -254,12 +301,6 @@ def _validate_section(obj: Any, prefix: str) -> None:
                 parse_phases(obj.phases, obj.epochs)
             except ValueError as e:
                 raise ConfigError(f"{prefix}.phases: {e}") from None
-    if isinstance(obj, EvalConfig):
-        allowed = ("knn", "sr", "linear", "kmeans")
-        for name in ("metrics", "epoch_metrics"):
-            for m in getattr(obj, name):
-                if m not in allowed:
-                    raise ConfigError(f"{prefix}.{name}: unknown metric {m!r} (known: {', '.join(allowed)})")
 
 
 def from_dict(data: Any) -> Config:
@@ -273,6 +314,8 @@ def to_dict(cfg: Any) -> dict:
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, tuple):
             return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
         return v
     return plain(cfg)
 
@@ -291,10 +334,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Set dotted keys in a nested dict (not yet validated: `from_dict` does that)."""
+    """Set `--set KEY=VALUE` strings in a nested dict (not yet validated: `from_dict` does that)."""
+    return set_values(data, dict(parse_override(text) for text in overrides))
+
+
+def set_values(data: dict, values: dict[str, Any]) -> dict:
+    """A copy of nested `data` with dotted keys set to values (a trial's parameters, overrides)."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (data or {}).items()}
-    for text in overrides:
-        key, value = parse_override(text)
+    for key, value in values.items():
         parts = key.split(".")
         node = data
         for i, part in enumerate(parts[:-1]):
@@ -338,6 +385,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def check_names(cfg: Config) -> None:
     """Names that refer to registries: datasets, base methods and augmentation methods."""
     from augtune.data import DATASETS
+    from augtune.eval import METRICS
     from augtune.methods import AUGMENTATIONS, BASES
 
     if cfg.dataset.name not in DATASETS:
@@ -350,6 +398,10 @@ def check_names(cfg: Config) -> None:
             raise ConfigError(f"method.augment[{i}]: unknown augmentation method {name!r} (known: {known})")
     if len(set(cfg.method.augment)) != len(cfg.method.augment):
         raise ConfigError(f"method.augment: lists a method twice: {list(cfg.method.augment)}")
+    for section in ("metrics", "epoch_metrics"):
+        for m in getattr(cfg.eval, section):
+            if m not in METRICS:
+                raise ConfigError(f"eval.{section}: unknown metric {m!r} (known: {', '.join(METRICS)})")
     if cfg.dataset.name == "arrays" and not cfg.dataset.path:
         raise ConfigError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
 
@@ -357,3 +409,16 @@ def check_names(cfg: Config) -> None:
 def method_label(cfg: Config) -> str:
     """`simclr`, `byol+pinda`: the row name tables group by."""
     return "+".join((cfg.method.base, *cfg.method.augment))
+
+
+def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:
+    """Every settable dotted key (`train.lr`, `search.repeat_best.top`, ...)."""
+    keys: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= dotted_keys(hints[f.name], key + ".")
+        else:
+            keys.add(key)
+    return keys

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 # C grid of the linear probe, sklearn's convention (objective 0.5 |W|^2 + C * sum of cross-entropies).
 # Kornblith et al. search 45 values in 1e-6..1e5; 9 values over 1e-4..1e4 keep a 60k x 512 probe
-# near a minute on 2 CPU cores, and on standardised features 1e4 is already unregularised.
+# near 30 s on 2 CPU cores, and on standardised features 1e4 is already unregularised.
 DEFAULT_CS = tuple(float(c) for c in np.logspace(-4, 4, 9))
 
 
@@ -44,8 +44,9 @@ def _fit_softmax_regression(x: torch.Tensor, y: torch.Tensor, num_out: int, epoc
     """Train ``logits = x @ W.T + b`` with mean cross-entropy and Adam; return ``Wb`` (num_out, D + 1).
 
     The gradient and torch.optim.Adam's update (betas 0.9/0.999, eps 1e-8) are written out on one
-    (num_out, D + 1) tensor, and x carries a column of ones for the bias: on CPU this makes a step
-    ~4x cheaper than autograd + torch.optim.Adam (a test checks both give the same weights).
+    (num_out, D + 1) tensor, and x carries a column of ones for the bias: 50 epochs of 60k x 256
+    take 3.6 s on 2 CPU cores, against 13 s with autograd + torch.optim.Adam per minibatch (a test
+    checks both give the same weights).
     Draws the init (weight then bias, as ``nn.Linear``: uniform in +-1/sqrt(D)) and one permutation
     per epoch from ``gen``, a CPU generator, so the result does not depend on the device.
     """
@@ -63,7 +64,7 @@ def _fit_softmax_regression(x: torch.Tensor, y: torch.Tensor, num_out: int, epoc
         for idx in order.split(batch_size):
             # index_select per batch: a shuffled copy of all of x costs more than the epoch's steps
             xb, yb = xa.index_select(0, idx), onehot.index_select(0, idx)  # (B, D + 1), (B, K)
-            # (K, B) logits: wb @ xb.T is ~3x faster than xb @ wb.T for K = 10 on CPU (MKL)
+            # (K, B) logits: for K = 10, wb @ xb.T is 1.5-3x faster on CPU than the (B, K) products
             g = torch.softmax(wb @ xb.T, dim=0).sub_(yb.T).div_(len(xb))  # (K, B) d loss / d logits
             grad = g @ xb  # (K, D + 1)
             step += 1
@@ -108,7 +109,7 @@ def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, 
     x: (n, D) float, y: (n,) in 0..num_classes-1. Returns ``Wb`` (D + 1, num_classes): weights
     over the intercept row. Stops when every gradient entry is below ``tol`` (sklearn's lbfgs
     criterion and default) or after ``max_iter`` iterations. The gradient is written out by hand
-    (no autograd): it halves the time of one evaluation on CPU. ``init`` warm-starts.
+    (one product with x and one with x.T per evaluation, no autograd graph). ``init`` warm-starts.
     """
     n, d = x.shape
     xt = x.T.contiguous()  # (D, n): x.T @ G is ~2x slower from the transposed view
@@ -190,11 +191,12 @@ def linear_probe_accuracy(train_x, train_y, test_x, test_y, val_fraction: float 
     split (features standardised with the statistics of the part fitted on), refits on all of train
     (standardised with train statistics) with the chosen C, and reports test accuracy.
 
-    Solver: full-batch L-BFGS in torch (:func:`fit_logistic_regression`), matching scikit-learn's
-    lbfgs ``LogisticRegression`` (a test checks both give the same solution). Chosen over sklearn
-    for speed: on 2 CPU cores a 60k x 512 fit takes sklearn 10-35 s per C, and the C path with warm
-    starts in torch costs about as much as two cold fits; it also runs on the GPU when the features
-    are there. Deterministic: the only randomness is the seeded validation split.
+    Solver: full-batch L-BFGS in torch (:func:`fit_logistic_regression`), the objective and stopping
+    rule of scikit-learn's lbfgs ``LogisticRegression`` (a test checks both reach the same solution).
+    Chosen over sklearn for speed: on 60k x 512 correlated 10-class features and 2 CPU cores, the
+    whole protocol (9 C values + refit) took sklearn 317 s and this 31 s, same test accuracy (0.777):
+    a hand-written gradient, and each C warm-started from the last. It also runs on the GPU when the
+    features are there. Deterministic: the only randomness is the seeded validation split.
     """
     x, y, test_x, test_y, classes = _prepare(train_x, train_y, test_x, test_y)
     num_classes = len(classes)
