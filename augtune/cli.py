@@ -33,6 +33,29 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("methods", help="list base methods, augmentation methods and datasets")
     m.set_defaults(func=cmd_methods)
+
+    s = sub.add_parser("search", help="search a config's space with Ray Tune (+ Optuna, ASHA)")
+    s.add_argument("config", help="YAML config with a `search` section")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--address", help="join a Ray cluster: auto, or ray://host:port (default: a local Ray)")
+    s.add_argument("--storage", help="experiment storage: a folder (default ./results) or a URI (s3://, gs://)")
+    s.add_argument("--name", help="experiment name (default: <space>-<dataset>-<time>)")
+    s.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (off by default)")
+    s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("resume", help="continue an interrupted search")
+    r.add_argument("experiment", help="the search's folder (<storage>/<name>)")
+    r.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
+    r.add_argument("--address", help="join a Ray cluster instead of starting a local one")
+    r.set_defaults(func=cmd_resume)
+
+    st = sub.add_parser("status", help="print a search's trials without starting Ray")
+    st.add_argument("experiment")
+    st.set_defaults(func=cmd_status)
+
+    from augtune.analysis.export import add_parser as add_export
+
+    add_export(sub)
     return p
 
 
@@ -78,6 +101,60 @@ def cmd_train(args: argparse.Namespace) -> int:
         for k, v in final.items():
             print(f"{k:<{width}}  {v:>8.4f}" + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
     print(f"record: {out / RECORD_FILE}")
+    return 0
+
+
+def _final_table(exp_dir: str, metric: str) -> None:
+    from augtune.analysis import AnalysisError, comparison_table, load_runs
+    from augtune.search.launch import REPEAT_DIR
+
+    where = Path(exp_dir) / REPEAT_DIR
+    where = where if where.is_dir() else Path(exp_dir)
+    try:
+        table = comparison_table(load_runs([where]), rows="method", cols="dataset", metrics=(metric,))
+        print(table.to_markdown())
+    except AnalysisError as e:
+        print(f"augtune: no table: {e}")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from augtune.config import ConfigError
+    from augtune.search import plan_search, run_search
+
+    try:
+        plan = plan_search(args.config, args.overrides, storage=args.storage, name=args.name,
+                           address=args.address, dashboard=args.dashboard)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    try:
+        run_search(plan)
+    except ConfigError as e:  # the cluster cannot hold one trial: found after connecting
+        raise UsageError(str(e)) from None
+    _final_table(plan.experiment, plan.cfg.search.metric)
+    print(f"experiment: {plan.experiment}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from augtune.config import ConfigError
+    from augtune.search import load_plan, resume_search
+
+    try:
+        plan = load_plan(args.experiment, address=args.address)
+        resume_search(plan, restart_errored=args.restart_errored)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    _final_table(plan.experiment, plan.cfg.search.metric)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from augtune.search.status import format_status
+
+    try:
+        print(format_status(Path(args.experiment)))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return 0
 
 

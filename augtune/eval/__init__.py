@@ -1,6 +1,6 @@
 """Evaluation of frozen features: k-NN, softmax regression, linear probe, k-means clustering."""
 from augtune.eval.clustering import cluster_accuracy, kmeans_scores
-from augtune.eval.evaluate import METRICS, evaluate
+from augtune.eval.evaluate import METRICS, OUTPUTS, evaluate
 from augtune.eval.knn import knn_accuracy
 from augtune.eval.probes import (
     fit_logistic_regression,
@@ -11,6 +11,7 @@ from augtune.eval.probes import (
 
 __all__ = [
     "METRICS",
+    "OUTPUTS",
     "cluster_accuracy",
     "evaluate",
     "fit_logistic_regression",

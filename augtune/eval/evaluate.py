@@ -44,6 +44,15 @@ METRICS: dict[str, Metric] = {
 }
 
 
+# The metric names each entry produces: what a search may optimise (checked before Ray starts).
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    "knn": ("knn_acc",),
+    "sr": ("sr_acc",),
+    "linear": ("linear_acc",),
+    "kmeans": ("kmeans_acc", "kmeans_nmi", "kmeans_ari"),
+}
+
+
 def evaluate(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, metrics: tuple[str, ...],
              seed: int = 0) -> dict[str, float]:
     """Run the named ``metrics`` (keys of :data:`METRICS`) and return one flat ``{name: float}``.

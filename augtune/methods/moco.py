@@ -35,6 +35,7 @@ class MoCo(MomentumObjective):
         tau = self.cfg.train.temperature
         queue = self.queue.clone()  # the negatives of this step; enqueue below writes in place
         loss = info_nce_queue(q1, k2, queue, tau) + info_nce_queue(q2, k1, queue, tau)  # symmetrised
-        if self.training:
-            self.enqueue(torch.cat([k1, k2]))
+        if self.training:  # k1 then k2, each gathered in rank order: the order one process would use
+            self.enqueue(k1)
+            self.enqueue(k2)
         return loss, {"z1": q1, "z2": q2, "t1": k1, "t2": k2}

@@ -59,6 +59,26 @@ def make_optimizer(spec: OptimizerSpec, train) -> torch.optim.Optimizer:
 
 
 @torch.no_grad()
+def allreduce_gradients(params: list[torch.Tensor], world_size: int) -> None:
+    """Average gradients over DDP ranks in one flat all-reduce (a missing gradient counts as 0).
+
+    Done by hand rather than by wrapping in DistributedDataParallel: phases leave whole networks
+    without gradients, and one flat buffer keeps every rank's reduction identical and in one call.
+    """
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+
+
+@torch.no_grad()
 def extract_features(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int,
                      device: torch.device) -> torch.Tensor:
     """fn over x in batches on `device`; features come back as float32 on the CPU."""
@@ -149,9 +169,11 @@ class Trainer:
                 raise NonFiniteLoss(f"loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
                                     f"(global step {self.global_step + 1})")
             loss.backward()
+            params = [p for o in active for g in o.param_groups for p in g["params"]]
+            if self.world_size > 1:
+                allreduce_gradients(params, self.world_size)
             if t.grad_clip:
-                nn.utils.clip_grad_norm_([p for o in active for g in o.param_groups for p in g["params"]],
-                                         t.grad_clip)
+                nn.utils.clip_grad_norm_(params, t.grad_clip)
             for opt in active:
                 opt.step()
             for opt in self.optimizers.values():
@@ -161,6 +183,13 @@ class Trainer:
             for k, v in {"loss": loss.detach(), **terms}.items():
                 sums[k] = sums.get(k, 0) + v.float()
         elapsed = time.perf_counter() - start
+        if self.world_size > 1:  # report the mean over ranks, as one process would
+            import torch.distributed as dist
+
+            keys = sorted(sums)
+            flat = torch.stack([sums[k] for k in keys])
+            dist.all_reduce(flat)
+            sums = dict(zip(keys, flat / self.world_size))
         metrics = {"epoch": epoch + 1}
         if phase:
             metrics["phase"] = phase

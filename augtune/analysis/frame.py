@@ -1,0 +1,293 @@
+"""Records on disk -> one tidy DataFrame: a row per run, plus the reference rows they measured.
+
+Reads only `record.json` files (`augtune.records`), never torch, ray, `trainables/` or `search/`,
+so a results folder copied to a laptop can be tabulated there.
+
+Columns, in order: `run` (the run's folder), `experiment` (the name of the path given), `kind`
+(`run` or `reference`), `status`, `error`, `method`, `dataset`, `seed`, `epochs_done`, then one
+column per dotted config key (`train.lr`, `method.augment`, ...; lists become tuples so that they
+can be grouped on), then `measured_by` (reference rows: how many runs measured it), then the final
+metrics (`knn_acc`, `sr_acc`, ...: every undotted column after the fixed ones).
+
+Reference rows (`method` = `raw` / `random-init`, `kind` = `reference`) are deduplicated: each run
+measures them at its start, and runs that differ only in what the reference does not depend on
+measured the same thing. Two measurements are the same reference when they agree on
+:func:`reference_key_columns`: the reference's name, `dataset`, `seed` (and `train.seed`), every `dataset.*` key but
+`dataset.download`, every `eval.*` key that changes a score (all but `eval.every`,
+`eval.epoch_metrics`, `eval.metrics`, `eval.references`, `eval.batch_size`), and for
+`random-init` also every `model.*` key (the backbone is built first from the seed, so the method
+does not change it). Each group becomes one row: measurements from completed runs are preferred,
+then the first by run folder; a metric missing there is taken from the next measurement that has
+it (runs asking for fewer metrics). The row's `status` and `run` are those of the preferred
+measurement; its other config columns are left empty: the reference does not depend on them.
+
+Records are found with :func:`find_records` (`**/record.json`, checkpoint snapshots aside); a file
+that is not an augtune record is skipped with a `SkippedRecordWarning`, not an error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+import pandas as pd
+
+from augtune.records import FORMAT, RECORD_FILE
+
+PathLike = Union[str, os.PathLike]
+
+BASE_COLUMNS = ("run", "experiment", "kind", "status", "error", "method", "dataset", "seed", "epochs_done")
+REFERENCES = ("raw", "random-init")  # the order reference rows are listed in
+# Settings that change which scores are computed or how fast, not their values.
+_EVAL_NOT_IN_KEY = frozenset({"eval.every", "eval.epoch_metrics", "eval.metrics", "eval.references",
+                              "eval.batch_size"})
+_CHECKPOINT_PREFIX = "checkpoint_"  # Ray's checkpoint folders inside a trial folder
+
+
+class AnalysisError(ValueError):
+    """Input that cannot be tabulated, phrased as one line (the CLI turns it into a UsageError)."""
+
+
+class NoRecordsError(AnalysisError):
+    """No augtune record under the paths given."""
+
+
+class NoFinishedRunsError(AnalysisError):
+    """Records exist, but none of the runs completed."""
+
+
+class UnknownMetricError(AnalysisError):
+    """A metric that no run reports."""
+
+
+class UnknownColumnError(AnalysisError):
+    """A rows/cols key that is no column of the runs."""
+
+
+class MixedDatasetsError(AnalysisError):
+    """Runs on several datasets would be averaged together."""
+
+
+class SkippedRecordWarning(UserWarning):
+    """A `record.json` that is not an augtune record (or cannot be read) was skipped."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding records
+
+
+def find_records(path: PathLike) -> list[Path]:
+    """The record files under `path` (a record file, a run folder or any folder above runs), sorted.
+
+    A `record.json` inside a folder named `checkpoint_*` is a snapshot of the run whose folder
+    holds that checkpoint: it is used only when that folder has no `record.json` of its own, and
+    then only the last checkpoint's (by name). Hidden folders below `path` are not searched.
+    """
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    own: dict[Path, Path] = {}  # run folder -> its record
+    snapshots: dict[Path, Path] = {}  # run folder -> record in its last checkpoint
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if RECORD_FILE not in filenames:
+            continue
+        folder = Path(dirpath)
+        if folder != path and folder.name.startswith(_CHECKPOINT_PREFIX):
+            run = folder.parent
+            if run not in snapshots or folder.name > snapshots[run].parent.name:
+                snapshots[run] = folder / RECORD_FILE
+        else:
+            own[folder] = folder / RECORD_FILE
+    for run, record in snapshots.items():
+        own.setdefault(run, record)
+    return sorted(own.values())
+
+
+def _read(path: Path) -> dict | None:
+    """The record at `path`, or None with a `SkippedRecordWarning` saying why."""
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        reason = "not a text file"
+    except OSError as e:
+        reason = e.strerror or str(e)
+    except json.JSONDecodeError as e:
+        reason = f"not valid JSON ({e.msg}, line {e.lineno})"
+    else:
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            return data
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        reason = f"not an augtune record (format {found!r}, expected {FORMAT!r})"
+    warnings.warn(f"skipped {path}: {reason}", SkippedRecordWarning, stacklevel=3)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Flattening
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 0.01}} -> {"train.lr": 0.01}; lists become tuples."""
+    out: dict[str, Any] = {}
+    if not isinstance(config, dict):
+        return out
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_config(v, key + "."))
+        else:
+            out[key] = _hashable(v)
+    return out
+
+
+def reference_key_columns(name: str, columns: Iterable[str]) -> list[str]:
+    """The columns that identify reference `name`'s measurement (see the module docstring)."""
+    keys = ["dataset", "seed"]
+    for c in columns:
+        if (c.startswith("dataset.") and c != "dataset.download") or \
+                (c.startswith("eval.") and c not in _EVAL_NOT_IN_KEY) or \
+                c == "train.seed" or (name == "random-init" and c.startswith("model.")):
+            keys.append(c)
+    return keys
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """The metric columns of a `load_runs` frame: the undotted ones after the fixed columns."""
+    return [c for c in df.columns if c not in BASE_COLUMNS and c != "measured_by" and "." not in c]
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _experiment_name(path: Path) -> str:
+    if path.is_file():
+        path = path.parent
+    return path.name or path.resolve().name
+
+
+def load_runs(paths: PathLike | Iterable[PathLike], *, completed_only: bool = False) -> pd.DataFrame:
+    """One row per run found under `paths`, plus the deduplicated reference rows.
+
+    Each path is an experiment folder (trial folders below it, at any depth), a folder of runs, a
+    run folder or a record file. A record found twice (a folder and a folder inside it) counts
+    once. Files that are not augtune records are skipped with a `SkippedRecordWarning`.
+    `completed_only` keeps only completed runs (and references they measured), as `completed`.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise NoRecordsError("no paths given: name experiment folders, run folders or record files")
+    for p in paths:
+        if not p.exists():
+            raise NoRecordsError(f"{p}: no such file or folder")
+
+    seen: set[Path] = set()
+    runs: list[dict] = []
+    measured: list[tuple[str, dict, dict]] = []  # (reference name, its metrics, the run row)
+    skipped = 0
+    for given in paths:
+        experiment = _experiment_name(given)
+        for file in find_records(given):
+            if file.resolve() in seen:
+                continue
+            seen.add(file.resolve())
+            record = _read(file)
+            if record is None:
+                skipped += 1
+                continue
+            row = {
+                "run": str(file.parent), "experiment": experiment, "kind": "run",
+                "status": record.get("status"), "error": record.get("error"),
+                "method": record.get("method"), "dataset": record.get("dataset"), "seed": record.get("seed"),
+                "epochs_done": len(record.get("epochs") or []),
+                **flatten_config(record.get("config")),
+            }
+            final = record.get("final") or {}
+            row.update({k: v for k, v in final.items() if k not in row})
+            runs.append(row)
+            for name, metrics in (record.get("references") or {}).items():
+                if isinstance(metrics, dict):
+                    measured.append((name, metrics, row))
+
+    if not runs:
+        where = ", ".join(str(p) for p in paths)
+        note = f" ({skipped} record.json file(s) skipped: not augtune records)" if skipped else ""
+        raise NoRecordsError(f"no augtune records (record.json) found under {where}{note}")
+
+    config_columns = sorted({k for r in runs for k in r if "." in k})
+    references = _dedupe_references(measured, config_columns)
+    metrics = _ordered_metrics([*runs, *references], config_columns)
+    columns = [*BASE_COLUMNS, *config_columns, "measured_by", *metrics]
+    rows = [*runs, *references]
+    df = pd.DataFrame({c: _column([r.get(c) for r in rows]) for c in columns})
+    return completed(df) if completed_only else df
+
+
+# The shared metric names (DESIGN.md) first, in their order; others after, alphabetically.
+_METRIC_ORDER = ("knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari", "cluster_acc",
+                 "cluster_nmi", "cluster_ari", "cluster_k", "loss", "epoch_time_s", "samples_per_s")
+
+
+def _ordered_metrics(rows: list[dict], config_columns: list[str]) -> list[str]:
+    fixed = {*BASE_COLUMNS, *config_columns, "measured_by"}
+    found = {k for r in rows for k in r if k not in fixed and "." not in k}
+    known = [m for m in _METRIC_ORDER if m in found]
+    return known + sorted(found - set(known))
+
+
+def _dedupe_references(measured: list[tuple[str, dict, dict]], config_columns: list[str]) -> list[dict]:
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for name, metrics, run in measured:
+        key_cols = reference_key_columns(name, config_columns)
+        key = (name, *(run.get(c) for c in key_cols))
+        groups.setdefault(key, []).append((metrics, run))
+    out = []
+    for (name, *_), members in groups.items():
+        members.sort(key=lambda m: (m[1]["status"] != "completed", m[1]["run"]))
+        first = members[0][1]
+        row = {c: first.get(c) for c in ("run", "experiment", "status", *reference_key_columns(name, config_columns))}
+        row.update(kind="reference", method=name, error=None, epochs_done=None, measured_by=len(members))
+        for metrics, _ in members:
+            for k, v in metrics.items():
+                if "." not in k and k not in row and not _is_missing(v):
+                    row[k] = v
+        out.append(row)
+    order = {n: i for i, n in enumerate(REFERENCES)}
+    out.sort(key=lambda r: (order.get(r["method"], len(order)), str(r["method"]), str(r["dataset"]),
+                            r["seed"] if isinstance(r["seed"], int) else -1, r["run"]))
+    return out
+
+
+def _column(values: list) -> pd.Series:
+    """Integers and booleans with gaps (reference rows) keep their type instead of becoming floats."""
+    present = [v for v in values if not _is_missing(v)]
+    if present and all(isinstance(v, bool) for v in present):
+        return pd.Series(values, dtype="boolean")
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pd.Series(values, dtype="Int64")
+    if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return pd.Series([math.nan if v is None else v for v in values], dtype="float64")
+    return pd.Series(values, dtype=object if any(isinstance(v, tuple) for v in present) else None)
+
+
+def completed(df: pd.DataFrame) -> pd.DataFrame:
+    """Only the completed runs, and the references whose kept measurement is from a completed run."""
+    return df[df["status"] == "completed"].reset_index(drop=True)

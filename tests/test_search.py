@@ -1,0 +1,125 @@
+"""`augtune search`: bad input refused before Ray starts; a real search, its status and its table."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from augtune.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SEARCH = {
+    "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
+    "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+    "train": {"epochs": 2, "batch_size": 64},
+    "eval": {"metrics": ["knn"], "references": True},
+    "search": {"space": {"method.base": "grid([simclr, byol])", "train.lr": "loguniform(1e-4, 1e-2)"},
+               "algorithm": "random", "num_samples": 2, "max_concurrent": 2},
+}
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(SEARCH))
+    return path
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["method.base=nope"], "method.base: unknown base method 'nope'"),
+    (["search.spcae=simclr"], "search.spcae: unknown key"),
+    (["search.num_samples=many"], "search.num_samples: expected an integer"),
+    (["train.epochs=-1"], "train.epochs: expected a number >= 1"),
+    (["search.space={}"], "search.space"),
+    (["search.space=null"], "search.space: a search needs a space"),
+    (["search.space=nope"], "search.space: unknown space 'nope'"),
+    (["search.metric=sr_acc"], "search.metric: no trial reports 'sr_acc'"),
+    (["search.space={train.lr: 'loguniform(1, 0.1)'}"], "search.space.train.lr"),
+    (["search.space={train.lrr: 'uniform(0.1, 1)'}"], "search.space.train.lrr"),
+    (["search.space={resources.num_workers: 'choice([1, 2])'}"], "search.space.resources.num_workers"),
+    (["search.space={train.epochs: 'randint(-5, -1)'}"], "train.epochs: expected a number >= 1"),
+    (["search.algorithm=bayes"], "search.algorithm: expected one of"),
+    (["search.scheduler=pbt"], "search.scheduler: expected one of"),
+    (["search.repeat_best.seeds=[a]"], "search.repeat_best.seeds[0]: expected an integer"),
+    (["dataset.name=fashion_mnist", "dataset.root=/nonexistent/fm"], "/nonexistent/fm"),
+    (["resources.use_gpu=true", "resources.num_workers=2"], "resources.use_gpu"),
+])
+def test_bad_search_input_exits_2_before_ray_with_one_line(config, tmp_path, capsys, overrides, message):
+    import ray
+
+    storage = tmp_path / "storage"
+    args = ["search", str(config), "--storage", str(storage), "--name", "exp"]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not storage.exists()  # nothing written
+    assert not ray.is_initialized()  # no Ray started
+
+
+def test_storage_that_is_not_writable_or_not_a_folder(config, tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert main(["search", str(config), "--storage", str(a_file / "sub")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores permissions
+            pytest.skip("running as root: permissions are not enforced")
+        assert main(["search", str(config), "--storage", str(locked)]) == 2
+        assert "not writable" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)
+    assert main(["search", str(config), "--storage", "nosuchscheme://bucket/x"]) == 2
+    assert "--storage: cannot use" in capsys.readouterr().err
+
+
+def test_existing_experiment_is_not_overwritten(config, tmp_path, capsys):
+    (tmp_path / "storage" / "exp").mkdir(parents=True)
+    (tmp_path / "storage" / "exp" / "keep.txt").write_text("results")
+    assert main(["search", str(config), "--storage", str(tmp_path / "storage"), "--name", "exp"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (tmp_path / "storage" / "exp" / "keep.txt").read_text() == "results"
+
+
+def test_status_refuses_a_folder_that_is_not_a_search(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == 2
+    assert "not an augtune search folder" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_real_search_then_status_and_export(config, tmp_path):
+    """2 methods x 2 trials x 2 epochs on digits, in a real Ray; then status and export."""
+    env = {**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    storage = tmp_path / "storage"
+    run = subprocess.run([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage", str(storage),
+                          "--name", "exp"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    exp = storage / "exp"
+    records = [json.loads(p.read_text()) for p in exp.glob("*/record.json")]
+    assert len(records) == 4
+    assert sorted(r["method"] for r in records) == ["byol", "byol", "simclr", "simclr"]
+    assert all(r["status"] == "completed" and len(r["epochs"]) == 2 for r in records)
+    assert "| simclr |" in run.stdout and "| byol |" in run.stdout  # the table at the end
+    assert list(exp.glob("*/events.out.tfevents*"))  # TensorBoard logs
+
+    status = subprocess.run([sys.executable, "-m", "augtune.cli", "status", str(exp)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "4 terminated" in status.stdout, status.stdout + status.stderr
+    assert "ray" not in status.stderr.lower()
+
+    export = subprocess.run([sys.executable, "-m", "augtune.cli", "export", str(exp), "--rows", "method",
+                             "--cols", "dataset", "--metric", "knn_acc", "--format", "md"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, export.stderr
+    assert "| byol |" in export.stdout and "(2)" in export.stdout and "raw" in export.stdout
