@@ -122,6 +122,7 @@ class EvalConfig:
 class RepeatBestConfig:
     top: int = _f(0, min=0)  # re-run the best `top` configurations after the search ...
     seeds: tuple[int, ...] = (1, 2, 3)  # ... once per seed, so tables have mean +- std
+    per: Optional[str] = None  # a dotted key (e.g. method.base): the best `top` of each of its values
 
 
 @dataclass(frozen=True)

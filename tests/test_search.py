@@ -123,3 +123,24 @@ def test_real_search_then_status_and_export(config, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stderr
     assert "| byol |" in export.stdout and "(2)" in export.stdout and "raw" in export.stdout
+
+
+def test_best_configs_picks_the_top_distinct_parameter_sets_per_group():
+    from types import SimpleNamespace
+
+    from augtune.config import from_dict
+    from augtune.search.launch import best_configs
+
+    def result(base, lr, acc, error=None):
+        return SimpleNamespace(config={"method.base": base, "train.lr": lr}, metrics={"knn_acc": acc}, error=error)
+
+    results = [result("simclr", 1, 0.9), result("simclr", 2, 0.95), result("byol", 3, 0.8),
+               result("byol", 4, 0.99, error=RuntimeError("nan")), result("simclr", 2, 0.94)]
+    cfg = from_dict({"search": {"repeat_best": {"top": 2}}})
+    assert best_configs(results, cfg) == [{"method.base": "simclr", "train.lr": 2},
+                                          {"method.base": "simclr", "train.lr": 1}]
+    cfg = from_dict({"search": {"repeat_best": {"top": 1, "per": "method.base"}}})
+    assert best_configs(results, cfg) == [{"method.base": "simclr", "train.lr": 2},
+                                          {"method.base": "byol", "train.lr": 3}]
+    cfg = from_dict({"search": {"repeat_best": {"top": 1}, "mode": "min"}})
+    assert best_configs(results, cfg) == [{"method.base": "byol", "train.lr": 3}]

@@ -141,6 +141,12 @@ def plan_search(config: str | Path, overrides: list[str], *, storage: str | None
         raise ConfigError("search.space: a search needs a space: a registered name (simclr, byol, moco, "
                           "simsiam) or an inline mapping {dotted key: domain}")
     check_metric(cfg)
+    per = cfg.search.repeat_best.per
+    if per is not None:
+        from augtune.config import dotted_keys
+
+        if per not in dotted_keys():
+            raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
     space = resolve_space(cfg.search)
     base = trial_base(cfg)
     check_trials(base, space)
@@ -306,16 +312,20 @@ def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable
 
 
 def best_configs(results, cfg: Config) -> list[dict]:
-    """The `search.repeat_best.top` best distinct parameter sets of finished trials."""
+    """The `repeat_best.top` best distinct parameter sets of finished trials (of each value of
+    `repeat_best.per`, when given: the best learning rate of every method, say)."""
+    rb = cfg.search.repeat_best
     scored = [r for r in results if r.error is None and r.metrics and cfg.search.metric in r.metrics]
     scored.sort(key=lambda r: r.metrics[cfg.search.metric], reverse=cfg.search.mode == "max")
     out: list[dict] = []
+    taken: dict[Any, int] = {}
     for r in scored:
         params = {k: v for k, v in r.config.items() if k != "train.seed"}
-        if params not in out:
-            out.append(params)
-        if len(out) == cfg.search.repeat_best.top:
-            break
+        group = repr(params.get(rb.per)) if rb.per else None
+        if params in out or taken.get(group, 0) == rb.top:
+            continue
+        out.append(params)
+        taken[group] = taken.get(group, 0) + 1
     return out
 
 

@@ -43,6 +43,8 @@ def _tune_metrics(metrics: dict) -> dict:
 def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callable, report: Callable,
              Checkpoint) -> None:
     """The loop under Ray: resume from the reported checkpoint, report every epoch (rank 0)."""
+    import ray
+
     from augtune.data import load_dataset
     from augtune.trainables.loop import Trainer
 
@@ -55,6 +57,8 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
             if (Path(d) / RECORD_FILE).exists():
                 record = read_record(Path(d))
+    # Where each (re)start of the trial ran: Ray node ids, for provenance and fault analysis.
+    record.setdefault("nodes", []).append(ray.get_runtime_context().get_node_id())
 
     def on_epoch_end(tr, metrics: dict, _ckpt) -> None:
         record["epochs"] = list(tr.history)

@@ -1,0 +1,156 @@
+"""Faults under a real Ray: a killed driver, a lost node, a NaN trial."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TINY = {
+    "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
+    "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+    "train": {"epochs": 2, "batch_size": 64},
+    "eval": {"metrics": ["knn"], "references": False},
+}
+
+
+def write_config(tmp_path: Path, **sections) -> Path:
+    cfg = json.loads(json.dumps(TINY))
+    for k, v in sections.items():
+        cfg.setdefault(k, {}).update(v)
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def env() -> dict:
+    # Tune writes its experiment state every second, Train polls its workers often: a kill loses little.
+    return {**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+
+
+def augtune(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "augtune.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env())
+
+
+def reported_epochs(trial_dir: Path) -> list[int]:
+    lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
+    return [json.loads(line)["epoch"] for line in lines if line.strip()]
+
+
+def trial_dirs(exp: Path) -> list[Path]:
+    return sorted(p for p in exp.iterdir() if p.is_dir() and p.name.startswith("tune_trial"))
+
+
+def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
+    config = write_config(tmp_path, train={"optimizer": "sgd", "warmup_epochs": 0},
+                          search={"space": {"train.lr": "grid([0.01, 1.0e30])"}, "algorithm": "grid",
+                                  "max_failures": 0})
+    res = augtune("search", str(config), "--storage", str(tmp_path / "s"), "--name", "exp")
+    assert res.returncode == 0, res.stderr[-3000:]
+    exp = tmp_path / "s" / "exp"
+    records = {json.loads((d / "record.json").read_text())["config"]["train"]["lr"]: json.loads(
+        (d / "record.json").read_text()) for d in trial_dirs(exp)}
+    assert records[0.01]["status"] == "completed"
+    assert records[1e30]["status"] == "failed" and "loss became" in records[1e30]["error"]
+    status = augtune("status", str(exp))
+    assert "1 error" in status.stdout and "1 terminated" in status.stdout
+    assert "NonFiniteLoss" in status.stdout or "loss became" in status.stdout
+
+
+def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
+    epochs = 6
+    config = write_config(tmp_path, train={"epochs": epochs},
+                          search={"space": {"train.lr": "grid([0.001, 0.002, 0.003, 0.004])"},
+                                  "algorithm": "grid", "max_concurrent": 2})
+    exp = tmp_path / "s" / "exp"
+    driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
+                               str(tmp_path / "s"), "--name", "exp"], cwd=ROOT, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Kill once a trial has finished and another is part-way through (checkpointed, not done).
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            dirs = trial_dirs(exp) if exp.exists() else []
+            done = [d for d in dirs if (d / "record.json").exists()]
+            partway = [d for d in dirs if 2 <= max(reported_epochs(d), default=0) < epochs]
+            if done and partway:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("no trial finished within 10 minutes")
+        time.sleep(1.5)  # one experiment-state save after the finished trial
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    finished_before = {d.name: (d / "result.json").read_text() for d in done}
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the dead driver's local Ray
+
+    res = augtune("resume", str(exp))
+    assert res.returncode == 0, res.stderr[-3000:]
+    dirs = trial_dirs(exp)
+    assert len(dirs) == 4  # no trial lost, none added
+    for d in dirs:
+        record = json.loads((d / "record.json").read_text())
+        assert record["status"] == "completed", d.name
+        assert [e["epoch"] for e in record["epochs"]] == list(range(1, epochs + 1))
+        seen = reported_epochs(d)
+        assert seen.count(1) == 1, (d.name, seen)  # continued from its checkpoint, never restarted
+    for name, before in finished_before.items():
+        assert (exp / name / "result.json").read_text() == before  # a finished trial is not run again
+    assert any(len(json.loads((d / "record.json").read_text())["nodes"]) > 1 for d in dirs)  # resumed ones
+
+
+def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=1)
+    try:
+        cluster.wait_for_nodes()
+        epochs = 8
+        config = write_config(tmp_path, train={"epochs": epochs},
+                              search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid",
+                                      "max_failures": 3})
+        exp = tmp_path / "s" / "exp"
+        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
+                                   str(tmp_path / "s"), "--name", "exp", "--address", cluster.address],
+                                  cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            dirs = trial_dirs(exp) if exp.exists() else []
+            if len(dirs) == 2 and all(2 <= max(reported_epochs(d), default=0) < epochs for d in dirs):
+                break
+            if driver.poll() is not None:
+                pytest.fail(f"search ended early:\n{driver.stdout.read()[-3000:]}")
+            time.sleep(0.5)
+        else:
+            pytest.fail("trials did not start on both nodes")
+        cluster.remove_node(worker)  # mid-trial: one trial loses its node
+        cluster.add_node(num_cpus=1)  # a replacement, as an autoscaler would bring
+        out, _ = driver.communicate(timeout=900)
+        assert driver.returncode == 0, out[-3000:]
+        nodes = set()
+        for d in trial_dirs(exp):
+            record = json.loads((d / "record.json").read_text())
+            assert record["status"] == "completed"
+            assert [e["epoch"] for e in record["epochs"]] == list(range(1, epochs + 1))
+            nodes.update(record["nodes"][:1])
+            seen = reported_epochs(d)
+            assert seen.count(1) == 1, seen  # the retried trial continued from its checkpoint
+        assert len(nodes) == 2  # the two trials started on different nodes
+        retried = [d for d in trial_dirs(exp) if len(json.loads((d / "record.json").read_text())["nodes"]) > 1]
+        assert retried  # the trial on the removed node was retried elsewhere
+    finally:
+        cluster.shutdown()
