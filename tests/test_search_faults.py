@@ -53,7 +53,7 @@ def trial_dirs(exp: Path) -> list[Path]:
 
 def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
     config = write_config(tmp_path, train={"optimizer": "sgd", "warmup_epochs": 0},
-                          search={"space": {"train.lr": "grid([0.01, 1.0e30])"}, "algorithm": "grid",
+                          search={"space": {"train.lr": "grid([0.01, 1.0e30])"}, "algorithm": "grid", "num_samples": 1,
                                   "max_failures": 0})
     res = augtune("search", str(config), "--storage", str(tmp_path / "s"), "--name", "exp")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -68,32 +68,37 @@ def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
 
 
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
-    epochs = 6
-    config = write_config(tmp_path, train={"epochs": epochs},
+    epochs = 12  # about half a second each: the kill lands in the middle of a trial
+    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8}, train={"epochs": epochs},
                           search={"space": {"train.lr": "grid([0.001, 0.002, 0.003, 0.004])"},
-                                  "algorithm": "grid", "max_concurrent": 2})
+                                  "algorithm": "grid", "num_samples": 1, "max_concurrent": 2})
     exp = tmp_path / "s" / "exp"
     driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
                                str(tmp_path / "s"), "--name", "exp"], cwd=ROOT, env=env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        # Kill once a trial has finished and another is part-way through (checkpointed, not done).
-        deadline = time.time() + 600
+        # Kill once a trial has finished (and Tune has saved its state since) while another is
+        # part-way through: checkpointed, not done.
+        deadline, first_done = time.time() + 600, None
         while time.time() < deadline:
             dirs = trial_dirs(exp) if exp.exists() else []
-            done = [d for d in dirs if (d / "record.json").exists()]
-            partway = [d for d in dirs if 2 <= max(reported_epochs(d), default=0) < epochs]
-            if done and partway:
+            done = [d for d in dirs if (d / "record.json").exists()
+                    and json.loads((d / "record.json").read_text())["status"] == "completed"]
+            partway = [d for d in dirs if 2 <= max(reported_epochs(d), default=0) < epochs - 2]
+            if done and first_done is None:
+                first_done = time.time()
+            if first_done and time.time() - first_done > 1.5 and partway:
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         else:
-            pytest.fail("no trial finished within 10 minutes")
-        time.sleep(1.5)  # one experiment-state save after the finished trial
+            pytest.fail("never saw a finished trial next to a part-way one")
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     finally:
         if driver.poll() is None:
             driver.kill()
+    done = [d for d in trial_dirs(exp) if (d / "record.json").exists()
+            and json.loads((d / "record.json").read_text())["status"] == "completed"]
     finished_before = {d.name: (d / "result.json").read_text() for d in done}
     subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the dead driver's local Ray
 
@@ -109,7 +114,11 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
         assert seen.count(1) == 1, (d.name, seen)  # continued from its checkpoint, never restarted
     for name, before in finished_before.items():
         assert (exp / name / "result.json").read_text() == before  # a finished trial is not run again
-    assert any(len(json.loads((d / "record.json").read_text())["nodes"]) > 1 for d in dirs)  # resumed ones
+    resumed = [d for d in dirs if len(json.loads((d / "record.json").read_text())["nodes"]) > 1]
+    assert resumed  # at least one trial ran before and after the kill ...
+    for d in resumed:  # ... and its epochs continued: reported before and after, each once
+        seen = reported_epochs(d)
+        assert sorted(set(seen)) == list(range(1, epochs + 1)) and seen[0] == 1, seen
 
 
 def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
@@ -121,7 +130,7 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
         cluster.wait_for_nodes()
         epochs = 8
         config = write_config(tmp_path, train={"epochs": epochs},
-                              search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid",
+                              search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid", "num_samples": 1,
                                       "max_failures": 3})
         exp = tmp_path / "s" / "exp"
         driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",

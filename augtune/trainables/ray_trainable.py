@@ -41,12 +41,16 @@ def _tune_metrics(metrics: dict) -> dict:
 
 
 def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callable, report: Callable,
-             Checkpoint) -> None:
-    """The loop under Ray: resume from the reported checkpoint, report every epoch (rank 0)."""
+             Checkpoint, trial_dir: str | None = None) -> None:
+    """The loop under Ray: resume from the reported checkpoint, report every epoch (rank 0).
+
+    With `trial_dir` (the in-trial path, where this process owns the trial folder), the record is
+    also kept up to date there, including a NaN failure's reason.
+    """
     import ray
 
     from augtune.data import load_dataset
-    from augtune.trainables.loop import Trainer
+    from augtune.trainables.loop import NonFiniteLoss, Trainer
 
     data = load_dataset(cfg.dataset)
     trainer = Trainer(cfg, data, rank=rank, world_size=world_size, log=lambda s: None)
@@ -64,7 +68,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
         record["epochs"] = list(tr.history)
         record["references"] = tr.references
         if tr.epoch == cfg.train.epochs:
-            record.update(status="completed", final={k: metrics[k] for k in cfg_final_keys(metrics)},
+            record.update(status="completed", final={k: metrics[k] for k in _final_keys(metrics)},
                           finished=now())
         every = cfg.train.checkpoint_every
         wants_ckpt = tr.epoch == cfg.train.epochs or (every and tr.epoch % every == 0)
@@ -72,20 +76,23 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
             _report_checkpoint(tr, record, report, _tune_metrics(metrics), Checkpoint)
         else:
             report(_tune_metrics(metrics) if rank == 0 else {})
+        if trial_dir:
+            write_record(Path(trial_dir), record)
 
-    trainer.fit(None, on_epoch_end)
+    try:
+        trainer.fit(None, on_epoch_end)
+    except NonFiniteLoss as e:
+        record.update(status="failed", error=str(e), finished=now(), epochs=list(trainer.history))
+        if trial_dir:
+            write_record(Path(trial_dir), record)
+        raise
 
 
 _FINAL_SKIP = {"epoch", "phase", "loss", "epoch_time_s", "samples_per_s"}
 
 
-def cfg_final_keys(metrics: dict) -> list[str]:
+def _final_keys(metrics: dict) -> list[str]:
     return [k for k in metrics if k not in _FINAL_SKIP and not k.startswith("loss_")]
-
-
-def _write_trial_record(trial_dir: str | None, record: dict | None) -> None:
-    if trial_dir and record is not None:
-        write_record(Path(trial_dir), record)
 
 
 def tune_trial(params: dict, base: dict) -> None:
@@ -104,35 +111,19 @@ def tune_trial(params: dict, base: dict) -> None:
 
 def _in_trial(cfg: Config) -> None:
     import ray.tune
-    from augtune.trainables.loop import NonFiniteLoss
 
-    trial_dir = ray.tune.get_context().get_trial_dir()
-    last: dict[str, Any] = {}
     if cfg.train.num_threads is None:  # as many threads as CPUs the trial holds: no oversubscription
         import torch
 
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
-
-    def report(metrics, checkpoint=None):
-        if checkpoint is not None:
-            with checkpoint.as_directory() as d:
-                last["record"] = read_record(Path(d))
-        ray.tune.report(metrics, checkpoint=checkpoint)
-
-    try:
-        run_loop(cfg, rank=0, world_size=1, get_checkpoint=ray.tune.get_checkpoint, report=report,
-                 Checkpoint=ray.tune.Checkpoint)
-    except NonFiniteLoss as e:
-        _fail_record(cfg, trial_dir, str(e), last.get("record"))
-        raise
-    _write_trial_record(trial_dir, last.get("record"))
+    run_loop(cfg, rank=0, world_size=1, get_checkpoint=ray.tune.get_checkpoint, report=ray.tune.report,
+             Checkpoint=ray.tune.Checkpoint, trial_dir=ray.tune.get_context().get_trial_dir())
 
 
-def _fail_record(cfg: Config, trial_dir: str | None, error: str, record: dict | None) -> None:
-    record = record or new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name,
-                                  seed=cfg.train.seed)
+def _fail_record(cfg: Config, trial_dir: str, error: str) -> None:
+    record = new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name, seed=cfg.train.seed)
     record.update(status="failed", error=error, finished=now())
-    _write_trial_record(trial_dir, record)
+    write_record(Path(trial_dir), record)
 
 
 def _train_worker(config: dict) -> None:
@@ -177,8 +168,8 @@ def _train_driver(cfg: Config) -> None:
     try:
         result = trainer.fit()
     except Exception as e:  # the worker's error, with its reason, marks the trial errored
-        _fail_record(cfg, ctx.get_trial_dir(), f"{type(e).__name__}: {e}".splitlines()[0], None)
+        _fail_record(cfg, ctx.get_trial_dir(), f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     if result.checkpoint is not None:
         with result.checkpoint.as_directory() as d:
-            _write_trial_record(ctx.get_trial_dir(), read_record(Path(d)))
+            write_record(Path(ctx.get_trial_dir()), read_record(Path(d)))
