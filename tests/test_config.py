@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from augtune.config import (Config, ConfigError, apply_overrides, from_dict, load_config, to_dict)
+from augtune.config import (ConfigError, apply_overrides, from_dict, load_config, to_dict)
 from augtune.trainables.phases import parse_phases
 
 

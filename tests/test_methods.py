@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from augtune.config import from_dict
-from augtune.methods import BASES, BYOL, Batch, MoCo, SimSiam, StepInfo, build_method
+from augtune.methods import BASES, BYOL, Batch, StepInfo, build_method
 from augtune.methods.base import cosine_momentum
 from augtune.methods.losses import cosine_regression, info_nce_queue, negative_cosine, nt_xent
 

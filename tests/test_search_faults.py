@@ -66,6 +66,17 @@ def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
     assert "1 error" in status.stdout and "1 terminated" in status.stdout
     assert "NonFiniteLoss" in status.stdout or "loss became" in status.stdout
 
+    # --restart-errored runs the errored trial again from scratch (it fails again: the NaN is
+    # deterministic); the finished one is left alone.
+    finished = next(d for d in trial_dirs(exp) if json.loads((d / "record.json").read_text())["status"]
+                    == "completed")
+    before = (finished / "result.json").read_text()
+    res = augtune("resume", str(exp), "--restart-errored")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (finished / "result.json").read_text() == before
+    status = augtune("status", str(exp))
+    assert "1 error" in status.stdout and "1 terminated" in status.stdout
+
 
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     epochs = 12  # about half a second each: the kill lands in the middle of a trial

@@ -64,24 +64,3 @@ def cmd_export(args: argparse.Namespace) -> int:
         out.write_text(text)
         print(f"wrote {out}: {len(table.row_labels)} rows x {len(table.col_labels)} columns")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`augtune` with only `export` registered, `argv` as for `augtune.cli.main` (`["export", ...]`).
-
-    For tests and `python -m augtune.analysis.export EXP_DIR ...`; errors are handled as the CLI does.
-    """
-    from augtune.cli import EXIT_BAD_INPUT, UsageError
-
-    parser = argparse.ArgumentParser(prog="augtune")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["export", *sys.argv[1:]] if argv is None else argv)
-    try:
-        return args.func(args)
-    except UsageError as e:
-        print(f"augtune: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

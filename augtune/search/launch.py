@@ -244,10 +244,13 @@ def _scheduler(cfg: Config):
 def _run_config(cfg: Config, name: str, storage: str):
     from ray import tune
 
+    from augtune.search.callbacks import SettleRecords
+
     return tune.RunConfig(
         name=name, storage_path=storage,
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        callbacks=[SettleRecords()],
     )
 
 

@@ -2,8 +2,8 @@
 key-encoder EMA rate and queue length."""
 from ray import tune
 
-from augtune.spaces.common import (BATCH_SIZE, EMA_MOMENTUM, EMA_MOMENTUM_GRID, LR, LR_GRID,
-                                   TEMPERATURE, WEIGHT_DECAY, Space)
+from augtune.spaces.common import (BATCH_SIZE, EMA_MOMENTUM, EMA_MOMENTUM_GRID, LR, TEMPERATURE,
+                                   WEIGHT_DECAY, Space)
 
 # lr: Adam 1e-3 (PiNDA B.4; MoCo v2's SGD 0.03 does not carry over to Adam); weight decay 1e-4 and
 # batch 256 (MoCo v2, as CoCor D restates for its MoCo runs)

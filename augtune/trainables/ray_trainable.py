@@ -15,10 +15,9 @@ gets the final ``record.json`` (the one `augtune.analysis` reads).
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from augtune.config import Config, from_dict, method_label, set_values, to_dict
 from augtune.records import CHECKPOINT_FILE, RECORD_FILE, new_record, now, read_record, write_record
