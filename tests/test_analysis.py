@@ -359,7 +359,7 @@ def test_end_to_end_two_real_runs(tmp_path):
                                           "model.width=4", f"train.seed={seed}")), [])],
             cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr
-    res = subprocess.run([sys.executable, "-m", "augtune.analysis.export", str(exp), "--format", "md"],
+    res = subprocess.run([sys.executable, "-m", "augtune.cli", "export", str(exp), "--format", "md"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

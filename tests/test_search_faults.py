@@ -139,8 +139,8 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
     worker = cluster.add_node(num_cpus=1)
     try:
         cluster.wait_for_nodes()
-        epochs = 8
-        config = write_config(tmp_path, train={"epochs": epochs},
+        epochs = 16  # about half a second each: the node goes while both trials are mid-way
+        config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8}, train={"epochs": epochs},
                               search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid", "num_samples": 1,
                                       "max_failures": 3})
         exp = tmp_path / "s" / "exp"
@@ -150,11 +150,11 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
         deadline = time.time() + 600
         while time.time() < deadline:
             dirs = trial_dirs(exp) if exp.exists() else []
-            if len(dirs) == 2 and all(2 <= max(reported_epochs(d), default=0) < epochs for d in dirs):
+            if len(dirs) == 2 and all(2 <= max(reported_epochs(d), default=0) < epochs - 4 for d in dirs):
                 break
             if driver.poll() is not None:
                 pytest.fail(f"search ended early:\n{driver.stdout.read()[-3000:]}")
-            time.sleep(0.5)
+            time.sleep(0.2)
         else:
             pytest.fail("trials did not start on both nodes")
         cluster.remove_node(worker)  # mid-trial: one trial loses its node

@@ -27,5 +27,14 @@ class SettleRecords(Callback):
         self._settle(trial, "stopped", None)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        lines = (trial.error_msg or "").strip().splitlines()
-        self._settle(trial, "failed", lines[-1] if lines else "the trial errored")
+        self._settle(trial, "failed", _reason(trial))
+
+
+def _reason(trial) -> str:
+    """The last line of the trial's error file (the exception), or a generic reason."""
+    path = Path(trial.error_file) if trial.error_file else None
+    if path is not None and path.is_file():
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return "the trial errored (see its error.txt)"

@@ -69,14 +69,14 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
         if tr.epoch == cfg.train.epochs:
             record.update(status="completed", final={k: metrics[k] for k in _final_keys(metrics)},
                           finished=now())
+        if trial_dir:  # before the report: a scheduler may stop the trial right there
+            write_record(Path(trial_dir), record)
         every = cfg.train.checkpoint_every
         wants_ckpt = tr.epoch == cfg.train.epochs or (every and tr.epoch % every == 0)
         if rank == 0 and wants_ckpt:
             _report_checkpoint(tr, record, report, _tune_metrics(metrics), Checkpoint)
         else:
             report(_tune_metrics(metrics) if rank == 0 else {})
-        if trial_dir:
-            write_record(Path(trial_dir), record)
 
     try:
         trainer.fit(None, on_epoch_end)
