@@ -111,8 +111,11 @@ def _final_table(exp_dir: str, metric: str) -> None:
     where = Path(exp_dir) / REPEAT_DIR
     where = where if where.is_dir() else Path(exp_dir)
     try:
-        table = comparison_table(load_runs([where]), rows="method", cols="dataset", metrics=(metric,))
-        print(table.to_markdown())
+        runs = load_runs([where])
+        # the search metric first, then the papers' usual columns that the trials report
+        shown = [metric] + [m for m in ("knn_acc", "sr_acc", "linear_acc", "kmeans_nmi")
+                            if m != metric and m in runs.columns and runs[m].notna().any()]
+        print(comparison_table(runs, rows="method", cols="dataset", metrics=tuple(shown)).to_markdown())
     except AnalysisError as e:
         print(f"augtune: no table: {e}")
 
