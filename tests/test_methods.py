@@ -83,7 +83,7 @@ def test_symmetric_losses_and_no_gradient_to_targets(base):
 
 
 def test_simsiam_stop_gradient_means_z_branch_gets_gradient_only_through_p():
-    # With the predictor frozen at the identity-like map, D(p1, sg(z2)) moves only the p-side view.
+    # D(p1, sg(z2)): the gradient reaches the predicted view only, never the target view.
     torch.manual_seed(0)
     obj = build_method(tiny_cfg("simsiam"), vector_data()).objective
     obj.eval()

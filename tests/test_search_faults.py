@@ -43,7 +43,11 @@ def augtune(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 def reported_epochs(trial_dir: Path) -> list[int]:
-    lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
+    """Epochs in Tune's result.json; Tune may be appending a line right now, so a torn last line
+    (read mid-write) is left for the next look."""
+    path = trial_dir / "result.json"
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
     return [json.loads(line)["epoch"] for line in lines if line.strip()]
 
 

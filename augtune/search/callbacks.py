@@ -6,6 +6,7 @@ from pathlib import Path
 from ray.tune import Callback
 
 from augtune.records import now, read_record, write_record
+from augtune.search.status import error_line
 
 
 class SettleRecords(Callback):
@@ -31,10 +32,6 @@ class SettleRecords(Callback):
 
 
 def _reason(trial) -> str:
-    """The last line of the trial's error file (the exception), or a generic reason."""
-    path = Path(trial.error_file) if trial.error_file else None
-    if path is not None and path.is_file():
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        if lines:
-            return lines[-1]
-    return "the trial errored (see its error.txt)"
+    """The exception line of the trial's error file, or a generic reason."""
+    line = error_line(Path(trial.error_file)) if trial.error_file else ""
+    return line or "the trial errored (see its error.txt)"

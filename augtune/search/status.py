@@ -49,16 +49,21 @@ def _best(trial_dir: Path, metric: str, mode: str) -> Optional[float]:
     return max(values) if mode == "max" else min(values)
 
 
+def error_line(path: Path) -> str:
+    """The telling line of a Tune error file: the last one that reads "Type: message" ("" if none)."""
+    if not path.is_file():
+        return ""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ": " in line and not line.startswith("File "):
+            return line[:200]
+    return lines[-1][:200] if lines else ""
+
+
 def _error(trial_dir: Path) -> str:
-    for name in ("error.txt",):
-        path = trial_dir / name
-        if path.is_file():
-            lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-            # the exception line is the most telling: the last line that looks like "Type: message"
-            for line in reversed(lines):
-                if ": " in line and not line.startswith("File "):
-                    return line[:200]
-            return lines[-1][:200] if lines else ""
+    line = error_line(trial_dir / "error.txt")
+    if line:
+        return line
     record = trial_dir / "record.json"
     if record.is_file():
         data = json.loads(record.read_text())

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CHECKPOINT_FILE, RECORD_FILE, new_record, now, read_record, write_record
+from augtune.config import Config, from_dict, set_values, to_dict
+from augtune.records import CHECKPOINT_FILE, RECORD_FILE, now, read_record, write_record
 
 def trial_config(params: dict, base: dict) -> Config:
     """The Config of one trial: the search's base config (a dict) with the trial's dotted parameters."""
@@ -50,10 +50,11 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
 
     from augtune.data import load_dataset
     from augtune.trainables.loop import NonFiniteLoss, Trainer
+    from augtune.trainables.run import start_record
 
     data = load_dataset(cfg.dataset)
     trainer = Trainer(cfg, data, rank=rank, world_size=world_size, log=lambda s: None)
-    record = new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name, seed=cfg.train.seed)
+    record = start_record(cfg)
     ckpt = get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:
@@ -120,7 +121,9 @@ def _in_trial(cfg: Config) -> None:
 
 
 def _fail_record(cfg: Config, trial_dir: str, error: str) -> None:
-    record = new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name, seed=cfg.train.seed)
+    from augtune.trainables.run import start_record
+
+    record = start_record(cfg)
     record.update(status="failed", error=error, finished=now())
     write_record(Path(trial_dir), record)
 

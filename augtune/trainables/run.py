@@ -25,6 +25,11 @@ def progress_line(metrics: dict, epochs: int) -> str:
     return "  ".join(parts)
 
 
+def start_record(cfg: Config) -> dict:
+    """A new record for a run of `cfg` (status `running`)."""
+    return new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name, seed=cfg.train.seed)
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -46,14 +51,12 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
         record.update(status="running", error=None, finished=None)
         log(f"resuming {run_dir} after epoch {trainer.epoch}")
     else:
-        record = new_record(to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name,
-                            seed=cfg.train.seed)
+        record = start_record(cfg)
         write_config(run_dir, cfg)
     write_record(run_dir, record)
 
     def on_epoch_end(tr: Trainer, metrics: dict, checkpoint) -> None:
-        if len(record["epochs"]) == 0 and tr.references:
-            record["references"] = tr.references
+        record["references"] = tr.references
         record["epochs"] = list(tr.history)
         write_record(run_dir, record)
         log(progress_line(metrics, cfg.train.epochs))
@@ -64,7 +67,6 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
         record.update(status="failed", error=str(e), finished=now(), epochs=list(trainer.history))
         write_record(run_dir, record)
         raise
-    record["references"] = trainer.references
     if trainer.epoch == cfg.train.epochs:
         record.update(status="completed", final=final, finished=now())
     write_record(run_dir, record)
