@@ -1,4 +1,4 @@
-"""`augtune ...`: train in-process and list what is registered.
+"""`augtune ...`: train in-process, search, tabulate, draw figures, list what is registered.
 
 Bad input (config, data, paths) gets one line on stderr naming what is wrong and exit code 2,
 before anything is written. A run that fails while training (NaN loss) exits 1 after its record
@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="print a search's trials without starting Ray")
     st.add_argument("experiment")
     st.set_defaults(func=cmd_status)
+
+    pl = sub.add_parser("plot", help="draw a figure of finished runs (see `augtune methods` for the kinds)")
+    pl.add_argument("kind", help="which figure, e.g. pinda, umap, cocor, diffaug")
+    pl.add_argument("paths", nargs="+", type=Path, metavar="RUN_DIR",
+                    help="run folders, Ray trial folders or experiment folders (every run under them)")
+    pl.add_argument("--out", type=Path, help="folder for the figures (default: RUN_DIR/figures of the first path)")
+    pl.set_defaults(func=cmd_plot)
 
     from augtune.analysis.export import add_parser as add_export
 
@@ -161,6 +168,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from augtune.plots import FIGURES_DIR, PLOTS, PlotError, find_runs, plot
+
+    if args.kind not in PLOTS:
+        raise UsageError(f"plot: unknown figure {args.kind!r} (known: {', '.join(PLOTS) or 'none yet'})")
+    out = args.out or args.paths[0] / FIGURES_DIR
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} is a file; name a folder")
+    try:
+        files = plot(args.kind, find_runs(args.paths), out)
+    except PlotError as e:
+        raise UsageError(str(e)) from None
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from augtune.data import DATASETS
     from augtune.methods import AUGMENTATIONS, BASES
@@ -179,6 +203,13 @@ def cmd_methods(args: argparse.Namespace) -> int:
     print("datasets (dataset.name):")
     for name, fn in DATASETS.items():
         print(f"  {name:<14} {doc(fn)}")
+    from augtune.plots import PLOTS, describe
+
+    print("figures (augtune plot KIND RUN_DIR):")
+    for kind in PLOTS:
+        print(f"  {kind:<14} {describe(kind)}")
+    if not PLOTS:
+        print("  (none registered yet)")
     return 0
 
 

@@ -116,6 +116,52 @@ class EvalConfig:
     sr_batch_size: int = _f(256, min=1)
     linear_val_fraction: float = _f(0.2, min=0, max=1, min_open=True, max_open=True)
     batch_size: int = _f(1024, min=1)  # feature extraction
+    # Whose features are evaluated. target: the EMA copy of a momentum base (BYOL, MoCo), as NRCC
+    # 3.6.2 keeps only BYOL's target encoder; the online one is what every other paper evaluates.
+    encoder: Literal["online", "target"] = "online"
+    # Figures drawn at the end of a run into its folder (kinds of `augtune plot`); None: the ones
+    # the method's augmentations ask for (PiNDA's noise grid, ...); []: none.
+    figures: Optional[tuple[str, ...]] = None
+
+
+# -- the augmentation methods' own sections: one per paper (hyperparameter names as DESIGN.md) --------
+
+@dataclass(frozen=True)
+class PiNDAConfig:
+    mu: Literal["zero", "learned"] = "zero"  # PiNDA Fig. 1: mu fixed at 0, only Sigma learned
+    noise: Literal["gaussian", "uniform"] = "gaussian"  # N(mu, Sigma) or U(-u, u) pi-noise (3.4)
+    generator: Literal["auto", "mlp", "resnet18", "unet"] = "auto"  # auto: mlp for vectors, resnet18 for images (4.2)
+    penalty: float = _f(1.0, min=0)  # weight of 1 / mean ||eps|| (App. B.4); 0 lets the noise shrink to nothing
+
+
+@dataclass(frozen=True)
+class NRCCConfig:
+    lam: float = _f(0.1, min=0)  # lambda, weight of the regulariser (paper's choice from {0.1, 0.5, 1})
+    tau: float = _f(0.1, min=0, min_open=True)  # temperature of the regulariser (from {0.1, 1, 10})
+    delta1: float = _f(0.1, min=0, max=1)  # SGHMC friction (official code: 0.1)
+    delta2: float = _f(0.05, min=0)  # SGHMC step (0.05)
+    delta3: float = _f(0.99, min=0)  # SGHMC noise scale (0.99)
+    steps: int = _f(1, min=0)  # zeta, SGHMC iterations (1)
+    negatives: Literal["sghmc", "augment"] = "sghmc"  # augment: the "NRCC w/o SGHMC" ablation (Table 2)
+
+
+@dataclass(frozen=True)
+class CoCorConfig:
+    lengths: tuple[int, ...] = (1, 2, 3)  # composite lengths, one view each (5.4)
+    pool: Literal["all", "color", "affine"] = "all"  # basic augmentations the composites draw from (5.4)
+    consistency: Literal["softplus", "abs"] = "softplus"  # App. A (batch means) or eq. 2 (per sample)
+    mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
+    meta: Literal["finite_difference", "exact"] = "finite_difference"  # App. B eq. 20, or autograd through the step
+    label_fraction: float = _f(0.01, min=0, max=1, min_open=True)  # labelled part of train for the MMNN update
+
+
+@dataclass(frozen=True)
+class DiffAugConfig:
+    lam: float = _f(0.1, min=0, max=1)  # probability a positive is replaced by a generated one (3.6)
+    schedule: str = "A:200,B:400,A:800"  # A: encoder steps, B: generator steps (Alg. 1); sync: both every step
+    steps: int = _f(1000, min=1)  # diffusion steps T (DDPM)
+    nu_y: float = _f(100.0, min=0, min_open=True)  # t-kernel degrees of freedom on the high-dimensional y
+    nu_z: float = _f(0.01, min=0, min_open=True)  # ... and on the low-dimensional z
 
 
 @dataclass(frozen=True)
@@ -159,6 +205,10 @@ class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pinda: PiNDAConfig = field(default_factory=PiNDAConfig)
+    nrcc: NRCCConfig = field(default_factory=NRCCConfig)
+    cocor: CoCorConfig = field(default_factory=CoCorConfig)
+    diffaug: DiffAugConfig = field(default_factory=DiffAugConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
@@ -387,7 +437,7 @@ def check_names(cfg: Config) -> None:
     """Names that refer to registries: datasets, base methods and augmentation methods."""
     from augtune.data import DATASETS
     from augtune.eval import METRICS
-    from augtune.methods import AUGMENTATIONS, BASES
+    from augtune.methods import AUGMENTATIONS, BASES, MomentumObjective
 
     if cfg.dataset.name not in DATASETS:
         raise ConfigError(f"dataset.name: unknown dataset {cfg.dataset.name!r} (known: {', '.join(sorted(DATASETS))})")
@@ -403,6 +453,15 @@ def check_names(cfg: Config) -> None:
         for m in getattr(cfg.eval, section):
             if m not in METRICS:
                 raise ConfigError(f"eval.{section}: unknown metric {m!r} (known: {', '.join(METRICS)})")
+    if cfg.eval.encoder == "target" and not issubclass(BASES[cfg.method.base], MomentumObjective):
+        momentum = ", ".join(n for n, c in BASES.items() if issubclass(c, MomentumObjective))
+        raise ConfigError(f"eval.encoder: {cfg.method.base} has no target encoder (only {momentum} do); use online")
+    if cfg.eval.figures:
+        from augtune.plots import PLOTS
+
+        for i, kind in enumerate(cfg.eval.figures):
+            if kind not in PLOTS:
+                raise ConfigError(f"eval.figures[{i}]: unknown figure {kind!r} (known: {', '.join(PLOTS) or 'none yet'})")
     if cfg.dataset.name == "arrays" and not cfg.dataset.path:
         raise ConfigError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
 

@@ -330,7 +330,7 @@ def test_export_prints_or_writes_the_table(experiment, tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["{empty}"], "no augtune records (record.json) found under"),
     (["{exp}", "--metric", "nmi"], "no run reports metric 'nmi'"),
-    (["{exp}", "--rows", "pinda.mu"], "rows: no column 'pinda.mu'"),
+    (["{exp}", "--rows", "pinda.sigma"], "rows: no column 'pinda.sigma'"),
     (["{exp}", "--out", "{tmp}/no/such/dir/t.md"], "--out: folder"),
     (["{exp}", "--out", "{tmp}"], "is a folder"),
 ])

@@ -14,7 +14,8 @@ measures them at its start, and runs that differ only in what the reference does
 measured the same thing. Two measurements are the same reference when they agree on
 :func:`reference_key_columns`: the reference's name, `dataset`, `seed` (and `train.seed`), every `dataset.*` key but
 `dataset.download`, every `eval.*` key that changes a score (all but `eval.every`,
-`eval.epoch_metrics`, `eval.metrics`, `eval.references`, `eval.batch_size`), and for
+`eval.epoch_metrics`, `eval.metrics`, `eval.references`, `eval.batch_size`, `eval.figures`,
+`eval.encoder`: a reference is measured before training, when the target encoder is the online one), and for
 `random-init` also every `model.*` key (the backbone is built first from the seed, so the method
 does not change it). Each group becomes one row: measurements from completed runs are preferred,
 then the first by run folder; a metric missing there is taken from the next measurement that has
@@ -43,7 +44,7 @@ BASE_COLUMNS = ("run", "experiment", "kind", "status", "error", "method", "datas
 REFERENCES = ("raw", "random-init")  # the order reference rows are listed in
 # Settings that change which scores are computed or how fast, not their values.
 _EVAL_NOT_IN_KEY = frozenset({"eval.every", "eval.epoch_metrics", "eval.metrics", "eval.references",
-                              "eval.batch_size"})
+                              "eval.batch_size", "eval.figures", "eval.encoder"})
 _CHECKPOINT_PREFIX = "checkpoint_"  # Ray's checkpoint folders inside a trial folder
 
 

@@ -11,7 +11,9 @@ loss. An :class:`Augmentation` (PiNDA, NRCC, CoCor, DiffAug, ...) may
 - own networks trained with the encoder (``joint_parameters``) or by optimisers of their own that
   the loop builds, schedules, checkpoints and steps only in the phases they name
   (``optimizer_specs``), or steps itself (``manual``: CoCor's bi-level MMNN update, in ``after_step``),
-- ask for named training phases (``default_phases``, e.g. ``"A:200,B:400,A:800"``).
+- ask for named training phases (``default_phases``, e.g. ``"A:200,B:400,A:800"``),
+- report diagnostics of the epoch beside the loss (``epoch_metrics``: PiNDA's noise norm, ...),
+- name the figures a run draws at its end (``figures``: kinds of ``augtune plot``).
 """
 from __future__ import annotations
 
@@ -133,6 +135,11 @@ class MomentumObjective(Objective):
         return self.base_momentum
 
     @torch.no_grad()
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        encoder = self.target_encoder if self.cfg.eval.encoder == "target" else self.encoder
+        return encoder(x)
+
+    @torch.no_grad()
     def target_project(self, x: torch.Tensor) -> torch.Tensor:
         return self.target_projector(self.target_encoder(x))
 
@@ -163,6 +170,7 @@ class Augmentation(nn.Module):
     """An augmentation method stacked on a base objective. Every hook is optional."""
 
     name = "augmentation"
+    figures: tuple[str, ...] = ()  # `augtune plot` kinds drawn at the end of a run (eval.figures: None)
 
     def __init__(self, cfg, data):
         super().__init__()
@@ -196,3 +204,7 @@ class Augmentation(nn.Module):
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
         pass
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Diagnostics of the epoch just trained, named `<method>_<what>` (reset in on_epoch_start)."""
+        return {}

@@ -73,6 +73,17 @@ class Method(nn.Module):
         for aug in self.augments:
             aug.on_epoch_start(self, info)
 
+    def epoch_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for aug in self.augments:
+            out.update(aug.epoch_metrics())
+        return out
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        """The figures the augmentations ask for at the end of a run, in order, once each."""
+        return tuple(dict.fromkeys(k for aug in self.augments for k in aug.figures))
+
 
 def build_method(cfg, data) -> Method:
     """Backbone, objective and augmentation methods for `cfg` on `data` (a DataSplit)."""

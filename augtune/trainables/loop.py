@@ -197,6 +197,7 @@ class Trainer:
             name = k if k == "loss" else f"loss_{k}"
             if name != "loss_contrast" or len(sums) > 2:  # the only term equals `loss` itself
                 metrics[name] = v.item() / self.steps_per_epoch
+        metrics.update(self.method.epoch_metrics())  # this rank's diagnostics (rank 0 reports)
         metrics["epoch_time_s"] = elapsed
         metrics["samples_per_s"] = self.steps_per_epoch * t.batch_size / elapsed
         self.epoch += 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from augtune.config import Config, from_dict, set_values, to_dict
+from augtune.plots import end_of_run_figures
 from augtune.records import CHECKPOINT_FILE, RECORD_FILE, now, read_record, write_record
 
 def trial_config(params: dict, base: dict) -> Config:
@@ -70,6 +71,8 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
         if tr.epoch == cfg.train.epochs:
             record.update(status="completed", final={k: metrics[k] for k in _final_keys(metrics)},
                           finished=now())
+            if trial_dir:  # the in-trial path owns its folder; a DDP worker has none to draw into
+                end_of_run_figures(tr, Path(trial_dir), record, log=print)
         if trial_dir:  # before the report: a scheduler may stop the trial right there
             write_record(Path(trial_dir), record)
         every = cfg.train.checkpoint_every

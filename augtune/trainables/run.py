@@ -7,6 +7,7 @@ from typing import Callable, Optional
 import yaml
 
 from augtune.config import Config, method_label, to_dict
+from augtune.plots import end_of_run_figures
 from augtune.records import (CHECKPOINT_FILE, CONFIG_FILE, new_record, now, read_record,
                              write_record)
 from augtune.trainables.loop import NonFiniteLoss, Trainer
@@ -69,5 +70,6 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
         raise
     if trainer.epoch == cfg.train.epochs:
         record.update(status="completed", final=final, finished=now())
+        end_of_run_figures(trainer, run_dir, record, log)
     write_record(run_dir, record)
     return record

@@ -1,0 +1,176 @@
+"""Figures: `augtune plot KIND PATH... [--out DIR]`, and the ones a run draws at its end.
+
+A kind is one module here holding ``plot(runs: list[Run], out: Path) -> list[Path]`` (the files it
+wrote; its docstring's first line is its help) and one line in :data:`PLOTS`
+(``"pinda": "augtune.plots.pinda"``). A :class:`Run` is a
+finished (or interrupted) run: its folder, record and config; its data and trained method are loaded
+on first use, from ``checkpoint.pt`` with ``weights_only=True`` (an in-process run's folder, a Ray
+trial's newest ``checkpoint_*`` folder), or handed over by the run that has just finished, so that
+the figure drawn at the end of a run and the one ``augtune plot`` draws later are the same code.
+
+A figure that does not apply to a run (PiNDA's noise grid of a run without PiNDA) raises
+:class:`PlotError` with one line saying why; the CLI prints it and exits 2.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from augtune.config import Config, from_dict
+from augtune.records import CHECKPOINT_FILE, RECORD_FILE, read_record
+
+# kind -> the module that holds `plot(runs, out)` (imported when the figure is drawn)
+PLOTS: dict[str, str] = {}
+
+FIGURES_DIR = "figures"  # a run's figures, inside its folder
+
+
+class PlotError(ValueError):
+    """A figure cannot be drawn from these runs; the message says why in one line."""
+
+
+def _newest_checkpoint(folder: Path) -> Optional[Path]:
+    if (folder / CHECKPOINT_FILE).is_file():
+        return folder / CHECKPOINT_FILE
+    ray_ckpts = sorted(folder.glob(f"checkpoint_*/{CHECKPOINT_FILE}"))  # Ray names them checkpoint_000012
+    return ray_ckpts[-1] if ray_ckpts else None
+
+
+@dataclass
+class Run:
+    """One run for a figure: its record and config now, its data and trained method when asked."""
+
+    path: Path  # the run's folder
+    record: dict
+    checkpoint: Optional[Path] = None
+    _data: Any = field(default=None, repr=False)
+    _method: Any = field(default=None, repr=False)
+
+    @property
+    def cfg(self) -> Config:
+        return from_dict(self.record["config"])
+
+    @property
+    def label(self) -> str:
+        """`byol+nrcc seed 1`: how a figure names the run."""
+        return f"{self.record['method']} seed {self.record['seed']}"
+
+    @property
+    def data(self):
+        if self._data is None:
+            from augtune.data import load_dataset
+
+            self._data = load_dataset(self.cfg.dataset)
+        return self._data
+
+    @property
+    def method(self):
+        """The trained method in eval mode, on the CPU or the GPU when there is one."""
+        if self._method is None:
+            import torch
+
+            from augtune.methods import build_method
+
+            if self.checkpoint is None:
+                raise PlotError(f"{self.path}: no {CHECKPOINT_FILE} here or in a checkpoint_* folder; "
+                                "this figure needs the trained networks")
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            torch.manual_seed(self.cfg.train.seed)
+            method = build_method(self.cfg, self.data)
+            state = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+            method.load_state_dict(state["method"])
+            self._method = method.to(device).eval()
+        return self._method
+
+    @property
+    def device(self):
+        return next(self.method.parameters()).device
+
+    def features(self, split: str = "test"):
+        """(N, F) float32 CPU features of the split (`train` or `test`) under `eval.encoder`."""
+        from augtune.trainables.loop import extract_features
+
+        x = getattr(self.data, f"x_{split}")
+        return extract_features(self.method.features, x, self.cfg.eval.batch_size, self.device)
+
+
+def load_run(path: Path) -> Run:
+    """The run in `path`: a run folder, a Ray trial folder or a record.json file."""
+    path = Path(path)
+    folder = path.parent if path.name == RECORD_FILE else path
+    if not (folder / RECORD_FILE).is_file():
+        raise PlotError(f"{path}: no {RECORD_FILE} here (give a run folder or a Ray trial folder)")
+    try:
+        record = read_record(folder)
+    except ValueError as e:
+        raise PlotError(str(e)) from None
+    return Run(folder, record, _newest_checkpoint(folder))
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every run under the paths (run folders, experiment folders, record files), in path order."""
+    from augtune.analysis import find_records
+
+    runs: list[Run] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise PlotError(f"{p}: no such file or folder")
+        found = find_records(p)
+        if not found:
+            raise PlotError(f"{p}: no {RECORD_FILE} under it")
+        runs += [load_run(r) for r in found]
+    return runs
+
+
+def plot(kind: str, runs: list[Run], out: Path) -> list[Path]:
+    """Draw figure `kind` of `runs` into folder `out`; returns the files written."""
+    if kind not in PLOTS:
+        raise PlotError(f"unknown figure {kind!r} (known: {', '.join(PLOTS) or 'none yet'})")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return importlib.import_module(PLOTS[kind]).plot(runs, out)
+
+
+def describe(kind: str) -> str:
+    doc = importlib.import_module(PLOTS[kind]).__doc__ or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def end_of_run_figures(trainer, run_dir: Path, record: dict, log: Callable[[str], None] = print) -> list[str]:
+    """The figures of a run that has just finished, drawn from the live trainer into `run_dir/figures`.
+
+    Which: `eval.figures`, or (None) the ones the method's augmentations ask for. A figure that
+    fails is reported on the log and in the record (`figure_errors`); it does not fail a run whose
+    training has finished. Returns the files written, relative to `run_dir`.
+    """
+    cfg = trainer.cfg
+    kinds = cfg.eval.figures if cfg.eval.figures is not None else trainer.method.figures
+    if not kinds:
+        return []
+    run = Run(Path(run_dir), record, None, _data=trainer.data, _method=trainer.method)
+    written: list[str] = []
+    was_training = trainer.method.training
+    trainer.method.eval()
+    try:
+        for kind in kinds:
+            try:
+                files = plot(kind, [run], Path(run_dir) / FIGURES_DIR)
+            except Exception as e:  # a figure must not cost a finished run; the reason is kept
+                reason = f"{type(e).__name__}: {e}".splitlines()[0]
+                record.setdefault("figure_errors", {})[kind] = reason
+                log(f"figure {kind} failed: {reason}")
+                continue
+            written += [str(Path(f).relative_to(run_dir)) if Path(f).is_relative_to(run_dir) else str(f)
+                        for f in files]
+    finally:
+        trainer.method.train(was_training)
+    if written:
+        record["figures"] = written
+        log("figures: " + ", ".join(written))
+    return written

@@ -1,0 +1,162 @@
+"""The seam the four papers' methods share: figures (`augtune plot`, end of run), epoch diagnostics
+and evaluation of a momentum base's target encoder."""
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from augtune.cli import main
+from augtune.config import ConfigError, from_dict, load_config
+from augtune.data import load_dataset
+from augtune.methods import AUGMENTATIONS, Augmentation, build_method
+from augtune.plots import PLOTS, PlotError, find_runs, load_run
+from augtune.records import read_record
+from augtune.trainables import train_run
+
+TINY = {"dataset": {"name": "digits", "as_vectors": True, "max_train": 200, "max_test": 100},
+        "model": {"hidden_dim": 32, "embed_dim": 16, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+        "train": {"epochs": 2, "batch_size": 64},
+        "eval": {"metrics": ["knn"], "references": False}}
+
+
+def tiny(**sections):
+    data = {k: dict(v) for k, v in TINY.items()}
+    for k, v in sections.items():
+        data.setdefault(k, {}).update(v)
+    return from_dict(data)
+
+
+@pytest.fixture
+def fake_kinds(monkeypatch):
+    """Two figure kinds in a throw-away module: one that draws the features' norms, one that fails."""
+    mod = types.ModuleType("augtune_test_figures")
+    mod.__doc__ = "Test figure: feature norms of every run."
+
+    def plot(runs, out):
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        for run in runs:
+            ax.hist(run.features("test").norm(dim=1).numpy(), label=run.label)
+        path = out / "norms.png"
+        fig.savefig(path)
+        plt.close(fig)
+        return [path]
+
+    broken = types.ModuleType("augtune_test_broken")
+
+    def fail(runs, out):
+        raise RuntimeError("no ink")
+
+    mod.plot, broken.plot = plot, fail
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(sys.modules, broken.__name__, broken)
+    monkeypatch.setitem(PLOTS, "norms", mod.__name__)
+    monkeypatch.setitem(PLOTS, "broken", broken.__name__)
+
+
+def test_end_of_run_figures_are_drawn_recorded_and_redrawn_by_the_cli(tmp_path, fake_kinds, capsys):
+    cfg = tiny(eval={"figures": ["norms", "broken"]})
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    assert record["status"] == "completed"  # a failing figure does not fail a finished run ...
+    assert record["figures"] == ["figures/norms.png"]
+    assert record["figure_errors"] == {"broken": "RuntimeError: no ink"}  # ... and says why
+    assert read_record(tmp_path / "run")["figures"] == ["figures/norms.png"]
+    assert (tmp_path / "run" / "figures" / "norms.png").stat().st_size > 0
+
+    # later, from disk: the trained weights come back from the checkpoint
+    assert main(["plot", "norms", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "norms.png").is_file()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_loaded_run_has_the_trained_weights(tmp_path):
+    cfg = tiny()
+    data = load_dataset(cfg.dataset)
+    train_run(cfg, data, tmp_path / "run", log=lambda s: None)
+    run = load_run(tmp_path / "run")
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["method"]
+    for k, v in run.method.state_dict().items():
+        assert torch.equal(v.cpu(), state[k]), k
+    assert not run.method.training
+    assert run.features("test").shape == (len(data.x_test), 16)
+
+
+def test_plot_refuses_bad_input_with_one_line_and_exit_2(tmp_path, fake_kinds, capsys):
+    assert main(["plot", "nope", str(tmp_path)]) == 2
+    assert "unknown figure 'nope'" in capsys.readouterr().err
+    assert main(["plot", "norms", str(tmp_path / "missing")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["plot", "norms", str(tmp_path / "empty")]) == 2
+    assert "no record.json under it" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"eval.figures\[0\]: unknown figure 'nope'"):
+        load_config(None, ["eval.figures=[nope]"])
+
+
+def test_a_run_without_checkpoint_cannot_give_its_networks(tmp_path):
+    cfg = tiny()
+    train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    (run,) = find_runs([tmp_path])
+    assert run.record["status"] == "completed"
+    with pytest.raises(PlotError, match="no checkpoint.pt"):
+        run.method
+
+
+class _Counter(Augmentation):
+    """Counts the samples it saw in the epoch: a diagnostic, not a loss term."""
+
+    name = "counter"
+    figures = ("norms",)
+
+    def on_epoch_start(self, method, info):
+        self.seen = 0
+
+    def transform(self, batch, method, info):
+        self.seen += len(batch.x)
+        return batch
+
+    def epoch_metrics(self):
+        return {"counter_seen": float(self.seen)}
+
+
+def test_epoch_metrics_and_default_figures_come_from_the_augmentations(tmp_path, monkeypatch, fake_kinds):
+    monkeypatch.setitem(AUGMENTATIONS, "counter", _Counter)
+    cfg = tiny(method={"augment": ["counter"]})
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    assert [e["counter_seen"] for e in record["epochs"]] == [192.0, 192.0]  # 3 full batches of 64
+    assert "loss_counter_seen" not in record["epochs"][0]
+    assert record["figures"] == ["figures/norms.png"]  # eval.figures None: the method's own
+
+
+@pytest.mark.parametrize("base", ["byol", "moco"])
+def test_eval_encoder_target_evaluates_the_ema_copy(base):
+    cfg = tiny(method={"base": base}, eval={"encoder": "target"})
+    data = load_dataset(cfg.dataset)
+    torch.manual_seed(0)
+    method = build_method(cfg, data).eval()
+    x = data.x_test[:8]
+    assert torch.equal(method.features(x), method.objective.target_encoder(x))
+    with torch.no_grad():  # move the online encoder only: the evaluated features must not follow
+        for p in method.objective.encoder.parameters():
+            p.add_(1.0)
+    assert torch.equal(method.features(x), method.objective.target_encoder(x))
+    assert not torch.allclose(method.features(x), method.objective.encoder(x))
+
+
+def test_eval_encoder_target_needs_a_momentum_base():
+    with pytest.raises(ConfigError, match="eval.encoder: simclr has no target encoder"):
+        load_config(None, ["eval.encoder=target"])
+    load_config(None, ["eval.encoder=target", "method.base=byol"])
+
+
+def test_method_sections_exist_with_the_design_names():
+    cfg = from_dict({})
+    assert (cfg.pinda.mu, cfg.nrcc.lam, cfg.cocor.lengths, cfg.diffaug.lam) == ("zero", 0.1, (1, 2, 3), 0.1)
+    with pytest.raises(ConfigError, match="nrcc.delta1: expected a number <= 1"):
+        from_dict({"nrcc": {"delta1": 2}})
