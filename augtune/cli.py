@@ -111,18 +111,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _final_table(exp_dir: str, metric: str) -> None:
+def _final_table(exp_dir: str, cfg) -> None:
     from augtune.analysis import AnalysisError, comparison_table, load_runs
     from augtune.search.launch import REPEAT_DIR
 
     where = Path(exp_dir) / REPEAT_DIR
     where = where if where.is_dir() else Path(exp_dir)
+    metric, per = cfg.search.metric, cfg.search.repeat_best.per
+    # a row per method, and per value of the key the best were chosen for (pinda.mu: zero, learned)
+    rows = "method" if per in (None, "method.base", "method.augment") else f"method,{per}"
     try:
         runs = load_runs([where])
         # the search metric first, then the papers' usual columns that the trials report
         shown = [metric] + [m for m in ("knn_acc", "sr_acc", "linear_acc", "kmeans_nmi")
                             if m != metric and m in runs.columns and runs[m].notna().any()]
-        print(comparison_table(runs, rows="method", cols="dataset", metrics=tuple(shown)).to_markdown())
+        print(comparison_table(runs, rows=rows, cols="dataset", metrics=tuple(shown)).to_markdown())
     except AnalysisError as e:
         print(f"augtune: no table: {e}")
 
@@ -140,7 +143,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         run_search(plan)
     except ConfigError as e:  # the cluster cannot hold one trial: found after connecting
         raise UsageError(str(e)) from None
-    _final_table(plan.experiment, plan.cfg.search.metric)
+    _final_table(plan.experiment, plan.cfg)
     print(f"experiment: {plan.experiment}")
     return 0
 
@@ -154,7 +157,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         resume_search(plan, restart_errored=args.restart_errored)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    _final_table(plan.experiment, plan.cfg.search.metric)
+    _final_table(plan.experiment, plan.cfg)
     return 0
 
 

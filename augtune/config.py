@@ -471,6 +471,17 @@ def method_label(cfg: Config) -> str:
     return "+".join((cfg.method.base, *cfg.method.augment))
 
 
+# Sections named after a method: their keys matter only to runs of that method (a plain SimCLR
+# run's `pinda.mu` is a default it never reads).
+METHOD_SECTIONS = ("pinda", "nrcc", "cocor", "diffaug")
+
+
+def key_applies(key: str, method: str) -> bool:
+    """Whether dotted `key` is read by a run whose method label is `method` (`byol+nrcc`)."""
+    section = key.split(".")[0]
+    return section not in METHOD_SECTIONS or section in method.split("+")
+
+
 def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:
     """Every settable dotted key (`train.lr`, `search.repeat_best.top`, ...)."""
     keys: set[str] = set()

@@ -269,6 +269,24 @@ def test_any_columns_and_reference_placement(tmp_path):
     assert md[-1] == "| random-init | 52.00 ± 2.00 (3) | 52.00 ± 2.00 (3) |"  # independent of the lr
 
 
+def test_rows_may_combine_columns_and_method_sections_label_only_their_runs(tmp_path, capsys):
+    exp = tmp_path / "pinda"
+    make_run(exp / "t0", method="simclr", seed=0, final={"knn_acc": 0.70}, refs=refs(0))
+    make_run(exp / "t1", method="simclr+pinda", seed=0, pinda__mu="zero", final={"knn_acc": 0.80}, refs=refs(0))
+    make_run(exp / "t2", method="simclr+pinda", seed=1, pinda__mu="zero", final={"knn_acc": 0.82}, refs=refs(1))
+    make_run(exp / "t3", method="simclr+pinda", seed=0, pinda__mu="learned", final={"knn_acc": 0.76}, refs=refs(0))
+    table = comparison_table(load_runs(exp), rows="method,pinda.mu", cols="dataset")
+    # the plain SimCLR run also carries pinda.mu = zero (a default it never reads): not split by it
+    assert table.row_labels == ["simclr", "simclr+pinda (pinda.mu=learned)", "simclr+pinda (pinda.mu=zero)",
+                                "raw", "random-init"]
+    assert table.cells[("simclr+pinda (pinda.mu=zero)", "digits", "knn_acc")].n == 2
+    assert table.reference_axis == "rows"  # references still follow the axis that leads with method
+    assert cli.main(["export", str(exp), "--rows", "method, pinda.mu, train.lr"]) == 0
+    assert "| simclr+pinda (pinda.mu=zero, train.lr=0.001) |" in capsys.readouterr().out
+    with pytest.raises(UnknownColumnError, match="rows: no column 'pinda.sigma'"):
+        comparison_table(load_runs(exp), rows="method,pinda.sigma")
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

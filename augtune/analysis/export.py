@@ -20,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     e.add_argument("paths", nargs="+", type=Path, metavar="EXP_DIR",
                    help="experiment folders, folders of runs, run folders or record.json files")
-    e.add_argument("--rows", default="method", help="column that names the rows (default: method)")
+    e.add_argument("--rows", default="method",
+                   help="column(s) that name the rows, e.g. method or method,pinda.mu (default: method)")
     e.add_argument("--cols", default="dataset",
                    help="column that names the columns, e.g. dataset, train.lr, pinda.mu (default: dataset)")
     e.add_argument("--metric", default="knn_acc", metavar="NAME[,NAME...]",

@@ -3,6 +3,8 @@
 `comparison_table` groups the runs by two columns (`rows` x `cols`, any column: `method`,
 `dataset`, `train.lr`, `pinda.mu`, ...) and gives, per cell and metric, the mean, the sample
 standard deviation over the runs in it (ddof=1; undefined, so left blank, when n = 1) and n.
+An axis may combine columns, `method,pinda.mu`: rows `simclr+pinda (pinda.mu=zero)`, and `simclr`
+for the runs that do not read `pinda.mu`.
 
 Rendering:
 - Markdown and LaTeX cells read `mean ± std (n)`. Metrics that are fractions (`*_acc`, `*_nmi`,
@@ -244,6 +246,41 @@ def _check_column(df: pd.DataFrame, axis: str, key: str) -> None:
                              f"experiment or a dotted config key such as train.lr")
 
 
+def _combined_column(df: pd.DataFrame, axis: str, spec: str) -> tuple[pd.DataFrame, str]:
+    """`method,pinda.mu` -> a column of labels such as `simclr+pinda (pinda.mu=zero)`.
+
+    The first key names the group; each further key is added as `key=value` where the run reads it
+    (`config.key_applies`: `pinda.*` only for runs with PiNDA), so that a plain SimCLR row is not split
+    by a default it ignores. A single key is checked and returned as it is.
+    """
+    keys = [k.strip() for k in spec.split(",") if k.strip()]
+    if not keys:
+        raise UnknownColumnError(f"{axis}: no column named")
+    for key in keys:
+        _check_column(df, axis, key)
+    if len(keys) == 1:
+        return df, keys[0]
+    from augtune.config import key_applies
+
+    def label(row: pd.Series) -> Any:
+        head = _plain(row[keys[0]])
+        method = str(row.get("method", ""))
+        extra = [f"{k}={_label(_plain(row[k]))}" for k in keys[1:]
+                 if _plain(row[k]) is not None and key_applies(k, method)]
+        if head is None or not extra:
+            return head
+        return f"{_label(head)} ({', '.join(extra)})"
+
+    name = ",".join(keys)
+    df = df.copy()
+    df[name] = [label(row) for _, row in df.iterrows()]
+    return df, name
+
+
+def _leads_with_method(spec: str) -> bool:
+    return spec.split(",")[0] == "method"
+
+
 def _unfinished(runs: pd.DataFrame) -> str:
     experiments = ", ".join(dict.fromkeys(str(e) for e in runs["experiment"]))
     counts = Counter("unknown" if _plain(s) is None else str(s) for s in runs["status"])
@@ -282,8 +319,8 @@ def comparison_table(df: pd.DataFrame, rows: str = "method", cols: str = "datase
     if isinstance(metrics, str):
         metrics = [m.strip() for m in metrics.split(",")]
     metrics = tuple(dict.fromkeys(m for m in metrics if m))
-    _check_column(df, "rows", rows)
-    _check_column(df, "cols", cols)
+    df, rows = _combined_column(df, "rows", rows)
+    df, cols = _combined_column(df, "cols", cols)
     if rows == cols:
         raise AnalysisError(f"rows and cols are both {rows!r}: pick two different columns")
     kind = df["kind"] if "kind" in df.columns else pd.Series("run", index=df.index)
@@ -325,9 +362,9 @@ def comparison_table(df: pd.DataFrame, rows: str = "method", cols: str = "datase
     def depends(key: str, name: str = "random-init") -> bool:
         return key in reference_key_columns(name, [key])
 
-    if cols == "method":
+    if _leads_with_method(cols):
         axis = "cols"
-    elif rows == "method":
+    elif _leads_with_method(rows):
         axis = "rows"
     else:
         axis = "cols" if depends(rows) and not depends(cols) else "rows"
