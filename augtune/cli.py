@@ -193,7 +193,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from augtune.methods import AUGMENTATIONS, BASES
 
     def doc(obj) -> str:
-        return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+        """The first line of the object's docstring, else of its module's."""
+        text = obj.__doc__ or sys.modules[obj.__module__].__doc__ or ""
+        return text.strip().splitlines()[0] if text.strip() else ""
 
     print("base methods (method.base):")
     for name, cls in BASES.items():

@@ -80,3 +80,6 @@ def test_methods_lists_bases_and_datasets():
     assert res.returncode == 0
     for name in ("simclr", "byol", "moco", "simsiam", "digits", "fashion_mnist", "cifar10", "arrays"):
         assert name in res.stdout
+    for line in res.stdout.splitlines():
+        if line.startswith("  ") and "(none registered yet)" not in line:
+            assert len(line.split(None, 1)) == 2, f"no description: {line!r}"  # every entry says what it is

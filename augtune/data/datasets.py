@@ -287,6 +287,7 @@ def _load_cifar(cfg: DatasetConfig, name: str, title: str, folder: str, train: l
 
 @register("cifar10")
 def load_cifar10(cfg: DatasetConfig) -> DataSplit:
+    """CIFAR-10 in torchvision's layout under dataset.root: 50k train / 10k test, 3x32x32."""
     return _load_cifar(cfg, "cifar10", "CIFAR-10", "cifar-10-batches-py",
                        [f"data_batch_{i}" for i in range(1, 6)], "test_batch", "labels",
                        "batches.meta", "label_names", 10, "CIFAR10")
@@ -294,6 +295,7 @@ def load_cifar10(cfg: DatasetConfig) -> DataSplit:
 
 @register("cifar100")
 def load_cifar100(cfg: DatasetConfig) -> DataSplit:
+    """CIFAR-100 (fine labels) in torchvision's layout under dataset.root: 50k / 10k, 3x32x32."""
     # the 100 fine labels; the 20 coarse superclasses are not exposed
     return _load_cifar(cfg, "cifar100", "CIFAR-100", "cifar-100-python", ["train"], "test", "fine_labels",
                        "meta", "fine_label_names", 100, "CIFAR100")
@@ -328,6 +330,7 @@ def load_stl10(cfg: DatasetConfig) -> DataSplit:
 
 @register("arrays")
 def load_arrays(cfg: DatasetConfig) -> DataSplit:
+    """Your own features: dataset.path to an .npz (x, y[, x_test, y_test]) or a .csv (label column)."""
     if not cfg.path:
         raise DataError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
     path = Path(cfg.path).expanduser()
