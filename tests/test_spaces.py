@@ -110,6 +110,11 @@ def test_bad_specs_raise_one_line_naming_the_key_and_showing_the_grammar(spec, m
 # ---------------------------------------------------------------------------------------------
 # The registered spaces
 
+def _searches(cfg, name: str) -> bool:
+    """A base's space trains that base; an augmentation method's space stacks that method."""
+    return cfg.method.base == name or name in cfg.method.augment
+
+
 @pytest.mark.parametrize("name", sorted(SPACES))
 def test_every_key_of_every_registered_space_is_a_real_config_key(name):
     space = SPACES[name]
@@ -118,7 +123,8 @@ def test_every_key_of_every_registered_space_is_a_real_config_key(name):
     keys |= {k for g in space.grid_presets.values() for k in g}
     assert keys <= dotted_keys()
     assert not any(k.startswith(("search.", "resources.")) for k in keys)
-    assert space.name == name and space.params["method.base"] == name  # `space: byol` searches BYOL
+    assert space.name == name  # `space: byol` searches BYOL, `space: pinda` searches PiNDA
+    assert space.params["method.base"] == name or name in space.params.get("method.augment", ())
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))
@@ -129,7 +135,7 @@ def test_points_and_samples_of_every_registered_space_make_valid_configs(name):
     runs += [sample_values(space, seed) for seed in range(3)]
     for values in runs:
         cfg = from_dict(set_values({}, values))
-        assert cfg.method.base == name
+        assert _searches(cfg, name)
     assert sample_values(space, 7) == sample_values(space, 7)  # seeded
 
 
@@ -155,7 +161,7 @@ def test_grid_crosses_the_preset_and_holds_the_rest_at_the_paper_default(name):
     assert len(variants) == math.prod(len(v) for v in preset.values())
     for spec in variants:
         cfg = from_dict(set_values({}, spec))
-        assert cfg.method.base == name
+        assert _searches(cfg, name)
         for key in searched(space):
             if key not in preset:
                 assert spec[key] == first[key]
