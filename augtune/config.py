@@ -132,6 +132,15 @@ class PiNDAConfig:
     noise: Literal["gaussian", "uniform"] = "gaussian"  # N(mu, Sigma) or U(-u, u) pi-noise (3.4)
     generator: Literal["auto", "mlp", "resnet18", "unet"] = "auto"  # auto: mlp for vectors, resnet18 for images (4.2)
     penalty: float = _f(1.0, min=0)  # weight of 1 / mean ||eps|| (App. B.4); 0 lets the noise shrink to nothing
+    # Which view slots get the pi-noise view x + eps. pair: Alg. 1, view 1 is x + eps, view 2 is a(x)
+    # (PiNDA as the only augmentation); uniform: Alg. 2, each slot draws one member of {a, PiNDA}
+    # (probability 1/2 each); auto: pair when view.name is identity, else uniform.
+    draw: Literal["auto", "pair", "uniform"] = "auto"
+    width: int = _f(32, min=1)  # unet generator: channels of its first level (Table 6 uses a U-Net)
+    # The paper's non-vision baselines (App. B.2), augmentation methods of their own:
+    simcl_eta: float = _f(0.5, min=0)  # simcl: norm of the added unit-direction noise as a fraction of ||h|| (B.2 gives no scale)
+    clae_eps: float = _f(0.1, min=0, min_open=True)  # clae: L-inf budget in input units (standardised vectors; images in [0, 1]: try 8/255)
+    clae_steps: int = _f(1, min=1)  # clae: ascent steps (1: FGSM as CLAE; more: PGD with step eps / steps * 2.5)
 
 
 @dataclass(frozen=True)

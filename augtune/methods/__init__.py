@@ -7,6 +7,8 @@ from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjectiv
 from augtune.methods.byol import BYOL
 from augtune.methods.compose import Method, build_method
 from augtune.methods.moco import MoCo
+from augtune.methods.pinda import PiNDA
+from augtune.methods.pinda_baselines import CLAE, RandomNoise, SimCL
 from augtune.methods.simclr import SimCLR
 from augtune.methods.simsiam import SimSiam
 
@@ -17,7 +19,12 @@ BASES: dict[str, type[Objective]] = {
     "simsiam": SimSiam,
 }
 
-AUGMENTATIONS: dict[str, type[Augmentation]] = {}
+AUGMENTATIONS: dict[str, type[Augmentation]] = {
+    "pinda": PiNDA,  # learned pi-noise views x + f_psi(x, eps)
+    "random_noise": RandomNoise,  # PiNDA's baselines (Table 2, B.2)
+    "simcl": SimCL,
+    "clae": CLAE,
+}
 
 __all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "Encoder", "Method", "MoCo",
            "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
