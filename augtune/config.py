@@ -485,10 +485,17 @@ def method_label(cfg: Config) -> str:
 METHOD_SECTIONS = ("pinda", "nrcc", "cocor", "diffaug")
 
 
+# Keys of a method's section that another augmentation reads instead (PiNDA's baselines, B.2).
+_KEY_READERS = {"pinda.clae_eps": ("clae",), "pinda.clae_steps": ("clae",), "pinda.simcl_eta": ("simcl",)}
+
+
 def key_applies(key: str, method: str) -> bool:
     """Whether dotted `key` is read by a run whose method label is `method` (`byol+nrcc`)."""
     section = key.split(".")[0]
-    return section not in METHOD_SECTIONS or section in method.split("+")
+    if section not in METHOD_SECTIONS:
+        return True
+    parts = method.split("+")
+    return any(reader in parts for reader in _KEY_READERS.get(key, (section,)))
 
 
 def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:

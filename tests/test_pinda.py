@@ -157,9 +157,9 @@ def test_clae_stays_in_budget_and_increases_the_contrastive_loss(digits_vectors)
     method = build_method(cfg, digits_vectors).train()
     x = digits_vectors.x_train[:64]
     v1, v2 = x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)
-    out = method.augments[0].transform(_batch(x, [v1, v2]), method, INFO)
-    adv = out.views[0]
-    assert adv.shape == v1.shape and torch.equal(out.views[1], v2)
+    out = method.augments[0].transform(_batch(x, [v2, v1]), method, INFO)
+    adv = out.views[1]  # the last view is attacked, so that [clae, pinda] contrasts x + noise with it
+    assert adv.shape == v1.shape and torch.equal(out.views[0], v2)
     assert (adv - v1).abs().max().item() == pytest.approx(0.3, rel=1e-5)
     assert not any(p.grad is not None for p in method.parameters())  # the adversary trains nothing
     obj, tau = method.objective, cfg.train.temperature

@@ -4,10 +4,10 @@
   PiNDA's learned noise is compared with).
 - ``simcl`` (Yang et al., 2022): normalised random noise added to the representation before the
   projection head; every projection of a view gets its own draw.
-- ``clae`` (Ho & Vasconcelos, 2020): an adversarial example as a positive: view 1 moves, within an
-  L-inf budget ``pinda.clae_eps``, in the direction that increases the contrastive loss (FGSM; PGD with
-  ``pinda.clae_steps`` > 1). ``augment: [clae, pinda]`` is PiNDA on top of CLAE (Alg. 2 with the
-  adversarial view as the predefined augmentation).
+- ``clae`` (Ho & Vasconcelos, 2020): an adversarial example as a positive: the last view moves,
+  within an L-inf budget ``pinda.clae_eps``, in the direction that increases the contrastive loss
+  (FGSM; PGD with ``pinda.clae_steps`` > 1). ``augment: [clae, pinda]`` is PiNDA on top of CLAE: the
+  adversarial view is PiNDA's a(x) (Alg. 1: view 1 is x + noise, view 2 the adversarial example).
 """
 from __future__ import annotations
 
@@ -48,13 +48,14 @@ class SimCL(Augmentation):
 
 
 class CLAE(Augmentation):
-    """CLAE: view 1 replaced by its adversarial example, which increases the contrastive loss."""
+    """CLAE: the last view replaced by its adversarial example, which increases the contrastive loss."""
 
     name = "clae"
 
     def adversarial(self, v1: torch.Tensor, v2: torch.Tensor, method, info: StepInfo) -> torch.Tensor:
-        """v1 + delta, ||delta||_inf <= eps, ascending NT-Xent of the online projections (as CLAE does
-        for SimCLR, whatever the base: it reads no queue and no target). No gradient reaches weights."""
+        """v1 + delta, ||delta||_inf <= eps, ascending NT-Xent of the online projections against v2 (as
+        CLAE does for SimCLR, whatever the base: it reads no queue and no target). No gradient reaches
+        weights; BatchNorm's running statistics do see the extra forward passes."""
         c = self.cfg.pinda
         objective = method.objective
         step = c.clae_eps if c.clae_steps == 1 else 2.5 * c.clae_eps / c.clae_steps
@@ -70,5 +71,5 @@ class CLAE(Augmentation):
         return (v1 + delta).detach()
 
     def transform(self, batch: Batch, method, info: StepInfo) -> Batch:
-        batch.views = [self.adversarial(batch.views[0], batch.views[1], method, info), *batch.views[1:]]
+        batch.views = [*batch.views[:-1], self.adversarial(batch.views[-1], batch.views[0], method, info)]
         return batch
