@@ -122,6 +122,18 @@ class EvalConfig:
     # Figures drawn at the end of a run into its folder (kinds of `augtune plot`); None: the ones
     # the method's augmentations ask for (PiNDA's noise grid, ...); []: none.
     figures: Optional[tuple[str, ...]] = None
+    # `cluster` metric (cluster_acc/nmi/ari/k, k not given): UMAP to a few dimensions, then a
+    # mode-seeking clustering (NRCC 3.6.2). kmeans here is UMAP + k-means with k known (the ablation's
+    # other row); plain k-means on the features is the `kmeans` metric.
+    cluster: Literal["gridshift", "meanshift", "kmeans"] = "gridshift"
+    # UMAP settings from umap-learn's "Using UMAP for Clustering" guide (NRCC gives none): 30
+    # neighbours, min_dist 0 (dense clumps), 2 components; cosine, the contrastive geometry.
+    umap_components: int = _f(2, min=1, max=6)
+    umap_neighbors: int = _f(30, min=2)
+    umap_min_dist: float = _f(0.0, min=0)
+    umap_metric: Literal["cosine", "euclidean"] = "cosine"
+    cluster_bandwidth: Optional[float] = _f(None, min=0, min_open=True)  # GridShift cell side / MeanShift radius; None: auto
+    cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # auto bandwidth: below the smallest class share
 
 
 # -- the augmentation methods' own sections: one per paper (hyperparameter names as DESIGN.md) --------
@@ -152,6 +164,9 @@ class NRCCConfig:
     delta3: float = _f(0.99, min=0)  # SGHMC noise scale (0.99)
     steps: int = _f(1, min=0)  # zeta, SGHMC iterations (1)
     negatives: Literal["sghmc", "augment"] = "sghmc"  # augment: the "NRCC w/o SGHMC" ablation (Table 2)
+    # eq. 18 moves s with the momentum *before* its update, so with steps: 1 the gradient of eq. 17 is
+    # never used (s1 = s0 + delta2 r0); momentum_first uses the updated momentum (textbook SGHMC).
+    order: Literal["paper", "momentum_first"] = "paper"
 
 
 @dataclass(frozen=True)

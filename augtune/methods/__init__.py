@@ -7,6 +7,7 @@ from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjectiv
 from augtune.methods.byol import BYOL
 from augtune.methods.compose import Method, build_method
 from augtune.methods.moco import MoCo
+from augtune.methods.nrcc import NRCC
 from augtune.methods.pinda import PiNDA
 from augtune.methods.pinda_baselines import CLAE, RandomNoise, SimCL
 from augtune.methods.simclr import SimCLR
@@ -24,6 +25,7 @@ AUGMENTATIONS: dict[str, type[Augmentation]] = {
     "random_noise": RandomNoise,  # PiNDA's baselines (Table 2, B.2)
     "simcl": SimCL,
     "clae": CLAE,
+    "nrcc": NRCC,  # SGHMC hard negatives + the clustering regulariser (InfoNCE = simclr, BYOL)
 }
 
 __all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "Encoder", "Method", "MoCo",
