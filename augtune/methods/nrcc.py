@@ -56,7 +56,9 @@ def sghmc(seed: torch.Tensor, density: Callable[[torch.Tensor], torch.Tensor], d
     """
     s = seed.detach()
     p = torch.randn_like(s) if p0 is None else p0
-    for _ in range(steps):
+    for j in range(steps):
+        if order == "paper" and j == steps - 1:
+            return s + delta2 * p  # eq. 18: the last move needs no new gradient (with steps 1, none at all)
         with torch.enable_grad():
             x = s.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(density(x).sum(), x)
@@ -95,13 +97,15 @@ class NRCC(Augmentation):
         g = self._branch(objective)
         was_training = objective.training
         objective.eval()  # BatchNorm on running statistics: each sample's density depends on it alone
+        anchor: list[torch.Tensor] = []  # g(f(x_i)) of the clean samples, computed when first needed
+
+        def density(s: torch.Tensor) -> torch.Tensor:  # eq. 16 with sim = cosine
+            if not anchor:
+                with torch.no_grad():
+                    anchor.append(F.normalize(g(batch.x), dim=1))  # (B, D)
+            return 1.0 / (1.0 + (F.normalize(g(s), dim=1) * anchor[0]).sum(dim=1))
+
         try:
-            with torch.no_grad():
-                anchor = F.normalize(g(batch.x), dim=1)  # (B, D) g(f(x_i)) of the clean samples
-
-            def density(s: torch.Tensor) -> torch.Tensor:  # eq. 16 with sim = cosine
-                return 1.0 / (1.0 + (F.normalize(g(s), dim=1) * anchor).sum(dim=1))
-
             out = sghmc(views[pick], density, c.delta1, c.delta2, c.delta3, c.steps, c.order)
         finally:
             objective.train(was_training)
