@@ -118,7 +118,8 @@ class EvalConfig:
     batch_size: int = _f(1024, min=1)  # feature extraction
     # Whose features are evaluated. target: the EMA copy of a momentum base (BYOL, MoCo), as NRCC
     # 3.6.2 keeps only BYOL's target encoder; the online one is what every other paper evaluates.
-    encoder: Literal["online", "target"] = "online"
+    # target_if_any: target for a momentum base, online otherwise (one setting for a grid of bases).
+    encoder: Literal["online", "target", "target_if_any"] = "online"
     # Figures drawn at the end of a run into its folder (kinds of `augtune plot`); None: the ones
     # the method's augmentations ask for (PiNDA's noise grid, ...); []: none.
     figures: Optional[tuple[str, ...]] = None
