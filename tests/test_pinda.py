@@ -206,3 +206,17 @@ def test_the_noise_figure_refuses_runs_without_images_or_without_pinda(tmp_path,
               log=lambda s: None)
     with pytest.raises(PlotError, match="no pinda augmentation"):
         plot("pinda", [load_run(tmp_path / "plain")], tmp_path / "out")
+
+
+def test_pinda_on_clae_contrasts_the_noise_view_with_the_adversarial_one(digits_vectors):
+    cfg = cfg_of(method={"augment": ["clae", "pinda"]}, pinda={"clae_eps": 0.2})  # identity views: Alg. 1
+    torch.manual_seed(0)
+    method = build_method(cfg, digits_vectors).train()
+    x = digits_vectors.x_train[:32]
+    batch = _batch(x)
+    for aug in method.augments:
+        batch = aug.transform(batch, method, INFO)
+    noise = batch.extra["pinda_noise"]
+    assert torch.allclose(batch.views[0], x + noise)  # view 1: x + pi-noise
+    moved = batch.views[1] - x  # view 2: the adversarial example of x, within the budget
+    assert moved.abs().max().item() == pytest.approx(0.2, rel=1e-5) and (moved.abs() <= 0.2 + 1e-6).all()
