@@ -125,7 +125,7 @@ class NRCC(Augmentation):
                 zc, b1, b2 = zc.detach(), b1.detach(), b2.detach()
         a1, a2 = out.get("p1", out["z1"]), out.get("p2", out["z2"])  # q(z^a) where there is a predictor
         reg = nrcc_regulariser(a1, b1, zc, c.tau) + nrcc_regulariser(a2, b2, zc, c.tau)  # l_a and its b-twin
-        with torch.no_grad():  # how far SGHMC moved from its seeds' embeddings: a diagnostic
+        with torch.no_grad():  # how close x_i^c lands to x_i's own view (eq. 16 pulls it there): a diagnostic
             self._dist.append(F.cosine_similarity(zc.float(), b1.float(), dim=1).mean())
         return {"nrcc": c.lam * reg}
 
