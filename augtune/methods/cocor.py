@@ -42,12 +42,14 @@ def constant_target(base: str, length: int) -> float:
 class MMNN(nn.Module):
     """g(v): composition vector (N, n_ops) -> target similarity (N,) in (0, 1), strictly decreasing
     in every entry (§4.3.2). Monotone layers (You et al., 2017): effective weights softplus(W) > 0
-    and increasing activations (tanh) make s(v) strictly increasing; g = sigmoid(-s)."""
+    and a strictly increasing activation (tanh(h) + 0.1 h) make s(v) strictly increasing; g = sigmoid(-s)."""
 
     def __init__(self, n_ops: int, hidden: int = 16):
         super().__init__()
         dims = [n_ops, hidden, hidden, 1]
-        self.weights = nn.ParameterList([nn.Parameter(0.5 * torch.randn(o, i) - 1.0) for i, o in zip(dims, dims[1:])])
+        # raw weights around softplus^-1(1 / sqrt(fan_in)): s(v) of order 1, gradients that do not vanish
+        self.weights = nn.ParameterList([nn.Parameter(0.3 * torch.randn(o, i) + math.log(math.expm1(1 / math.sqrt(i))))
+                                         for i, o in zip(dims, dims[1:])])
         self.biases = nn.ParameterList([nn.Parameter(torch.zeros(o)) for o in dims[1:]])
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
@@ -55,21 +57,27 @@ class MMNN(nn.Module):
         for k, (w, b) in enumerate(zip(self.weights, self.biases)):
             h = F.linear(h, F.softplus(w), b)  # non-negative weights: increasing in h
             if k < len(self.weights) - 1:
-                h = torch.tanh(h)
+                h = torch.tanh(h) + 0.1 * h  # strictly increasing, never flat (tanh alone saturates)
         return torch.sigmoid(-h.squeeze(-1))  # (N,) decreasing in v
 
     @torch.enable_grad()
     def warm_start(self, n_ops: int, targets: dict[int, float], steps: int = 200, seed: int = 0) -> None:
         """Fit g to one constant per length (the official starting weights file is missing)."""
         gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.Adam(self.parameters(), lr=0.05)
         ls = torch.tensor(sorted(targets)).repeat(64)  # (N,) lengths
         t = torch.tensor([targets[int(l)] for l in ls])  # (N,)
-        for _ in range(steps):
+
+        def draw() -> torch.Tensor:  # (N, n_ops) composition vectors of the lengths ls
             ops = torch.randint(0, n_ops, (len(ls), int(ls.max())), generator=gen)
             active = torch.arange(int(ls.max())).view(1, -1) < ls.view(-1, 1)
-            v = torch.zeros(len(ls), n_ops).scatter_add_(1, ops, active.float())
-            loss = F.mse_loss(self(v), t)
+            return torch.zeros(len(ls), n_ops).scatter_add_(1, ops, active.float())
+
+        with torch.no_grad():  # start at the mean target, so that the fit shapes g instead of shrinking it
+            s = -torch.logit(self(draw()), eps=1e-6)
+            self.biases[-1] -= torch.logit(t.mean()) + s.mean()  # now mean s = -logit(mean t)
+        opt = torch.optim.Adam(self.parameters(), lr=0.01)
+        for _ in range(steps):
+            loss = F.mse_loss(self(draw()), t)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -164,7 +172,7 @@ class CoCor(Augmentation):
         """Target similarities (L, b) of composites with composition vectors counts (L*b, n_ops)."""
         if self.mmnn is None:
             return self.constants.view(-1, 1).expand(-1, b)
-        return self.mmnn(counts).view(len(self.lengths), b)
+        return self.mmnn(counts.to(self.constants.dtype)).view(len(self.lengths), b)
 
     def loss_terms(self, batch: Batch, out: dict, method, info: StepInfo) -> dict[str, torch.Tensor]:
         x = batch.x

@@ -13,16 +13,16 @@ the documented ranges; a random sign makes the symmetric ops go both ways.
 | TranslateX, TranslateY | fraction of the width/height, right/down | content moves by m | +-U(0.03, 0.3) |
 | Posterize | bits kept of 8 | fewer bits, coarser levels | {4, 5, 6} |
 | Solarize | threshold in [0, 1] | pixels >= m are inverted; lower m inverts more | U(0.25, 0.75) |
-| Equalize | - | per-channel histogram equalisation (torchvision) | - |
+| Equalize | - | per-channel histogram equalisation (textbook cdf formula, see _equalize) | - |
 | Identity | - | none | - |
 
 Affine ops fill with black (0), not FixMatch's grey: small data sets here have black backgrounds.
 Color is the identity on one-channel images (grey is already grey).
 
 Vector data (no paper does this; augtune's choice): Identity, GaussianNoise (x + m sd eps, m the
-noise level in units of the batch's per-feature sd), Mask (each feature with probability m replaced
-by the batch mean), Scale (each feature times 1 + U(-m, m)), Swap (each feature with probability m
-taken from another random sample of the batch, SCARF-style); m ~ U(0.05, 0.3).
+noise level in units of the batch's per-feature sd), Mask (each feature with probability m, and at least one,
+replaced by the batch mean), Scale (each feature times 1 + U(-m, m)), Swap (each feature with probability m, at least
+one, taken from a random sample of the batch, SCARF-style); m ~ U(0.05, 0.3).
 """
 from __future__ import annotations
 
@@ -87,6 +87,21 @@ def _smooth(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _equalize(x: torch.Tensor) -> torch.Tensor:
+    """Per-channel histogram equalisation over 256 levels: lut(k) = (cdf(k) - cdf_min) / (n - cdf_min).
+
+    The textbook formula, not PIL's (torchvision's) step scheme, which leaves every image of fewer
+    than ~256 pixels unchanged (8x8 digits)."""
+    b, c, h, w = x.shape
+    q = (x.float().clamp(0, 1) * 255).round().long().flatten(2)  # (B, C, HW) levels
+    hist = torch.zeros(b, c, 256, device=x.device).scatter_add_(2, q, torch.ones_like(q, dtype=torch.float))
+    cdf = hist.cumsum(2)  # (B, C, 256)
+    cdf_min = torch.where(hist > 0, cdf, torch.full_like(cdf, float(h * w))).amin(2, keepdim=True)
+    lut = ((cdf - cdf_min) / (h * w - cdf_min).clamp_min(1)).clamp(0, 1)  # (B, C, 256)
+    flat = torch.where(cdf_min < h * w, lut.gather(2, q), q.float() / 255)  # one-level channels stay
+    return flat.view(b, c, h, w).to(x.dtype)
+
+
 def _affine_theta(op: str, m: torch.Tensor) -> torch.Tensor:
     """(n, 2, 3) inverse maps (output -> input) in affine_grid's [-1, 1] coordinates, y pointing down."""
     n = m.shape[0]
@@ -139,8 +154,14 @@ def apply_image_op(op: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     if op == "Solarize":
         return torch.where(x >= f, 1 - x, x)
     if op == "Equalize":
-        return TF.equalize(x.float().clamp(0, 1)).to(x.dtype)
+        return _equalize(x)
     raise KeyError(op)
+
+
+def _pick(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """(n, D) features chosen with probability p each, and always at least one per sample."""
+    one = F.one_hot(torch.randint(0, x.shape[1], (x.shape[0],), device=x.device), x.shape[1]).bool()
+    return (torch.rand_like(x) < p) | one
 
 
 def apply_vector_op(op: str, x: torch.Tensor, m: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -151,12 +172,12 @@ def apply_vector_op(op: str, x: torch.Tensor, m: torch.Tensor, ref: torch.Tensor
     if op == "GaussianNoise":
         return x + p * ref.std(0, unbiased=False) * torch.randn_like(x)
     if op == "Mask":
-        return torch.where(torch.rand_like(x) < p, ref.mean(0).expand_as(x), x)
+        return torch.where(_pick(x, p), ref.mean(0).expand_as(x), x)
     if op == "Scale":
         return x * (1 + p * (2 * torch.rand_like(x) - 1))
     if op == "Swap":
         other = ref[torch.randint(0, ref.shape[0], (x.shape[0],), device=x.device)]  # (n, D)
-        return torch.where(torch.rand_like(x) < p, other, x)
+        return torch.where(_pick(x, p), other, x)
     raise KeyError(op)
 
 
