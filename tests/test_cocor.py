@@ -33,6 +33,15 @@ def cfg_dict(**sections):
     return from_dict(data)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster than several fighting over a shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset(cfg_dict().dataset)

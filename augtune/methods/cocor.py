@@ -76,6 +76,14 @@ class MMNN(nn.Module):
             s = -torch.logit(self(draw()), eps=1e-6)
             self.biases[-1] -= torch.logit(t.mean()) + s.mean()  # now mean s = -logit(mean t)
         opt = torch.optim.Adam(self.parameters(), lr=0.01)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny network: one thread is far faster than a contended pool
+        try:
+            self._fit(draw, t, opt, steps)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, draw, t: torch.Tensor, opt, steps: int) -> None:
         for _ in range(steps):
             loss = F.mse_loss(self(draw()), t)
             opt.zero_grad()
