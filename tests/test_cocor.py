@@ -277,3 +277,15 @@ def test_smoke_training_on_digits(digits, base, mmnn, meta):
         assert (aug.mmnn(v.to(dev)) < aug.mmnn(w.to(dev))).all()
     else:
         assert last["cocor_target_l1"] == pytest.approx(0.80) and last["cocor_target_l3"] == pytest.approx(0.65)
+
+
+def test_run_draws_its_figures_and_plot_compares_with_a_run_without_cocor(digits, tmp_path):
+    from augtune.plots import load_run, plot
+    from augtune.trainables.run import train_run
+
+    rec = train_run(cfg_dict(cocor={"lengths": [1, 3]}), digits, tmp_path / "cocor", log=lambda s: None)
+    assert set(rec["figures"]) == {"figures/cocor_similarity.png", "figures/cocor_similarity_epochs.png",
+                                   "figures/cocor_spectrum.png"}, rec.get("figure_errors")
+    train_run(cfg_dict(method={"augment": []}), digits, tmp_path / "moco", log=lambda s: None)
+    files = plot("cocor", [load_run(tmp_path / "cocor"), load_run(tmp_path / "moco")], tmp_path / "out")
+    assert all(f.is_file() and f.stat().st_size > 0 for f in files) and len(files) == 3

@@ -22,7 +22,9 @@ from augtune.config import Config, from_dict
 from augtune.records import CHECKPOINT_FILE, RECORD_FILE, read_record
 
 # kind -> the module that holds `plot(runs, out)` (imported when the figure is drawn)
-PLOTS: dict[str, str] = {}
+PLOTS: dict[str, str] = {
+    "cocor": "augtune.plots.cocor",  # latent similarity per length (Fig. 4a), feature spectrum (4b)
+}
 
 FIGURES_DIR = "figures"  # a run's figures, inside its folder
 
