@@ -26,7 +26,7 @@ def config(args, augment: list[str]) -> dict:
         "method": {"base": "moco", "augment": augment, "queue_size": 4096},
         "model": {"backbone": "cnn", "width": args.width},
         "train": {"epochs": args.epochs, "batch_size": args.batch_size, "lr": 1e-3, "warmup_epochs": 0,
-                  "device": args.device},
+                  "device": args.device, "num_threads": args.threads or None},
         "eval": {"every": 0, "metrics": [], "references": False},
         "cocor": {"lengths": [int(l) for l in args.lengths.split(",")], "meta": args.meta,
                   "meta_every": args.meta_every},
@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--meta", default="finite_difference", choices=["finite_difference", "exact"])
     p.add_argument("--meta-every", type=int, default=1)
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = p.parse_args()
     base_cfg, cocor_cfg = from_dict(config(args, [])), from_dict(config(args, ["cocor"]))
     data = load_dataset(base_cfg.dataset)
