@@ -260,7 +260,8 @@ def test_bad_config_is_a_config_error_naming_the_key(digits):
 # In-process smoke runs
 
 @pytest.mark.parametrize("base,mmnn,meta", [("moco", True, "finite_difference"), ("simsiam", True, "exact"),
-                                            ("moco", False, "finite_difference")])
+                                            ("moco", False, "finite_difference"), ("byol", True, "finite_difference"),
+                                            ("simclr", True, "exact")])
 def test_smoke_training_on_digits(digits, base, mmnn, meta):
     cfg = cfg_dict(method={"base": base}, train={"epochs": 2}, cocor={"mmnn": mmnn, "meta": meta})
     trainer = Trainer(cfg, digits, log=lambda s: None)
@@ -289,3 +290,19 @@ def test_run_draws_its_figures_and_plot_compares_with_a_run_without_cocor(digits
     train_run(cfg_dict(method={"augment": []}), digits, tmp_path / "moco", log=lambda s: None)
     files = plot("cocor", [load_run(tmp_path / "cocor"), load_run(tmp_path / "moco")], tmp_path / "out")
     assert all(f.is_file() and f.stat().st_size > 0 for f in files) and len(files) == 3
+
+
+def test_stop_and_continue_is_bitwise_identical_with_the_mmnn_update(digits, tmp_path):
+    cfg = cfg_dict(train={"epochs": 2})
+    straight = Trainer(cfg, digits, log=lambda s: None)
+    straight.fit()
+    first = Trainer(cfg, digits, log=lambda s: None)
+    first.fit(tmp_path / "ckpt.pt", stop_after=1)
+    torch.manual_seed(12345)  # the process's RNG moves on; the checkpoint restores it
+    second = Trainer(cfg, digits, log=lambda s: None)
+    second.load_checkpoint(tmp_path / "ckpt.pt")
+    second.fit(tmp_path / "ckpt.pt")
+    a, b = straight.method.state_dict(), second.method.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert straight.history[-1]["cocor_ce"] == second.history[-1]["cocor_ce"]
