@@ -306,3 +306,14 @@ def test_stop_and_continue_is_bitwise_identical_with_the_mmnn_update(digits, tmp
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert straight.history[-1]["cocor_ce"] == second.history[-1]["cocor_ce"]
+
+
+def test_smoke_training_on_vectors():
+    cfg = cfg_dict(dataset={"as_vectors": True},
+                   model={"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16})
+    data = load_dataset(cfg.dataset)
+    assert data.modality == "vector"
+    trainer = Trainer(cfg, data, log=lambda s: None)
+    assert trainer.method.augments[0].ops == VECTOR_OPS
+    final = trainer.fit()
+    assert math.isfinite(trainer.history[-1]["loss_consistent"]) and 0 <= final["knn_acc"] <= 1
