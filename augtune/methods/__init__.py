@@ -8,6 +8,9 @@ from augtune.methods.byol import BYOL
 from augtune.methods.cocor import CoCor
 from augtune.methods.compose import Method, build_method
 from augtune.methods.moco import MoCo
+from augtune.methods.nrcc import NRCC
+from augtune.methods.pinda import PiNDA
+from augtune.methods.pinda_baselines import CLAE, RandomNoise, SimCL
 from augtune.methods.simclr import SimCLR
 from augtune.methods.simsiam import SimSiam
 
@@ -19,6 +22,11 @@ BASES: dict[str, type[Objective]] = {
 }
 
 AUGMENTATIONS: dict[str, type[Augmentation]] = {
+    "pinda": PiNDA,  # learned pi-noise views x + f_psi(x, eps)
+    "random_noise": RandomNoise,  # PiNDA's baselines (Table 2, B.2)
+    "simcl": SimCL,
+    "clae": CLAE,
+    "nrcc": NRCC,  # SGHMC hard negatives + the clustering regulariser (InfoNCE = simclr, BYOL)
     "cocor": CoCor,  # composite augmentations + consistency loss + MMNN, bi-level
 }
 
