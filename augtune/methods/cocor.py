@@ -157,7 +157,7 @@ class CoCor(Augmentation):
             self.x_lab, self.y_lab = data.x_train[idx], data.y_train[idx]  # CPU; a batch moves per step
         self._meta: tuple | None = None
         self._sums: dict[str, torch.Tensor] = {}
-        self._steps = 0
+        self._steps = self._meta_steps = 0  # encoder steps and MMNN updates this epoch
 
     # -- the encoder step (eq. 3) -------------------------------------------------------------------
 
@@ -277,15 +277,16 @@ class CoCor(Augmentation):
         opt.step()
         opt.zero_grad(set_to_none=True)
         self._add("ce", ce)
+        self._meta_steps += 1
 
     # -- diagnostics ----------------------------------------------------------------------------------
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
-        self._sums, self._steps, self._meta = {}, 0, None
+        self._sums, self._steps, self._meta_steps, self._meta = {}, 0, 0, None
 
     def epoch_metrics(self) -> dict[str, float]:
         """Mean latent similarity and target per length (Figure 4a), the labelled CE (MMNN runs)."""
         if not self._steps:
             return {}
-        n_meta = max(1, math.ceil(self._steps / self.cfg.cocor.meta_every))
-        return {f"cocor_{k}": v.item() / (n_meta if k == "ce" else self._steps) for k, v in self._sums.items()}
+        return {f"cocor_{k}": v.item() / (max(1, self._meta_steps) if k == "ce" else self._steps)
+                for k, v in self._sums.items()}
