@@ -29,7 +29,7 @@ def config(args, augment: list[str]) -> dict:
                   "device": args.device, "num_threads": args.threads or None},
         "eval": {"every": 0, "metrics": [], "references": False},
         "cocor": {"lengths": [int(l) for l in args.lengths.split(",")], "meta": args.meta,
-                  "meta_every": args.meta_every},
+                  "meta_every": args.meta_every, "view_fraction": args.view_fraction},
     }
 
 
@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--lengths", default="1,2,3")
     p.add_argument("--meta", default="finite_difference", choices=["finite_difference", "exact"])
     p.add_argument("--meta-every", type=int, default=1)
+    p.add_argument("--view-fraction", type=float, default=1.0)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = p.parse_args()
@@ -58,7 +59,7 @@ def main() -> None:
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()}
     dev = trainers["moco"].device
     print(f"{args.dataset}, CNN width {args.width}, batch {args.batch_size}, lengths [{args.lengths}], "
-          f"meta {args.meta} every {args.meta_every}, device {dev}"
+          f"meta {args.meta} every {args.meta_every}, view fraction {args.view_fraction}, device {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""))
     print(f"{'method':<14}{'median epoch s':>16}")
     for k, v in med.items():

@@ -317,3 +317,15 @@ def test_smoke_training_on_vectors():
     assert trainer.method.augments[0].ops == VECTOR_OPS
     final = trainer.fit()
     assert math.isfinite(trainer.history[-1]["loss_consistent"]) and 0 <= final["knn_acc"] <= 1
+
+
+def test_view_fraction_gives_composites_to_that_part_of_the_batch(digits):
+    cfg = cfg_dict(cocor={"view_fraction": 0.25, "lengths": [1, 3]})
+    torch.manual_seed(0)
+    method = build_method(cfg, digits)
+    aug = method.augments[0]
+    x = digits.x_train[:64]
+    terms = aug.loss_terms(Batch(x=x, views=[x, x], index=torch.arange(64)), {}, method, StepInfo(0, 0, 1))
+    x0, views, counts = aug._meta
+    assert x0.shape[0] == 16 and views.shape[0] == 32 and counts.shape == (32, len(aug.ops))
+    assert torch.isfinite(terms["consistent"])

@@ -183,7 +183,8 @@ class CoCor(Augmentation):
         return self.mmnn(counts.to(self.constants.dtype)).view(len(self.lengths), b)
 
     def loss_terms(self, batch: Batch, out: dict, method, info: StepInfo) -> dict[str, torch.Tensor]:
-        x = batch.x
+        x = batch.x  # the batch is shuffled: its first samples are a random subset
+        x = x[:max(1, round(self.cfg.cocor.view_fraction * x.shape[0]))]  # (b, ...)
         b, obj = x.shape[0], method.objective
         with torch.no_grad():
             views, counts = composite_views(x, self.lengths, self.ops, self.modality)  # (L*B, ...), (L*B, n_ops)
