@@ -178,6 +178,9 @@ class CoCorConfig:
     mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
     meta: Literal["finite_difference", "exact"] = "finite_difference"  # App. B eq. 20, or autograd through the step
     label_fraction: float = _f(0.01, min=0, max=1, min_open=True)  # labelled part of train for the MMNN update
+    meta_batch: int = _f(64, min=1)  # samples per length in the MMNN update: its gradient is a batch mean, a subsample keeps it cheap
+    meta_every: int = _f(1, min=1)  # MMNN + classifier update every this many steps (Alg. 1: every step)
+    view_fraction: float = _f(1.0, min=0, max=1, min_open=True)  # part of each batch given composite views (paper: all); < 1 trades the loss's batch means for time
 
 
 @dataclass(frozen=True)

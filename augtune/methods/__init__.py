@@ -5,6 +5,7 @@ Registries, not if-chains: a new base objective or augmentation method is one li
 from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjective, Objective,
                                   OptimizerSpec, StepInfo)
 from augtune.methods.byol import BYOL
+from augtune.methods.cocor import CoCor
 from augtune.methods.compose import Method, build_method
 from augtune.methods.moco import MoCo
 from augtune.methods.nrcc import NRCC
@@ -26,6 +27,7 @@ AUGMENTATIONS: dict[str, type[Augmentation]] = {
     "simcl": SimCL,
     "clae": CLAE,
     "nrcc": NRCC,  # SGHMC hard negatives + the clustering regulariser (InfoNCE = simclr, BYOL)
+    "cocor": CoCor,  # composite augmentations + consistency loss + MMNN, bi-level
 }
 
 __all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "Encoder", "Method", "MoCo",
