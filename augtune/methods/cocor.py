@@ -128,6 +128,8 @@ def kept_buffers(*modules: nn.Module):
 
 
 class CoCor(Augmentation):
+    """CoCor: composite-augmentation views held to MMNN target similarities, the MMNN learned bi-level."""
+
     name = "cocor"
     figures = ("cocor",)
 
