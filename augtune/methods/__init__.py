@@ -6,6 +6,7 @@ from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjectiv
                                   OptimizerSpec, StepInfo)
 from augtune.methods.byol import BYOL
 from augtune.methods.compose import Method, build_method
+from augtune.methods.diffaug import DiffAug
 from augtune.methods.moco import MoCo
 from augtune.methods.simclr import SimCLR
 from augtune.methods.simsiam import SimSiam
@@ -17,8 +18,10 @@ BASES: dict[str, type[Objective]] = {
     "simsiam": SimSiam,
 }
 
-AUGMENTATIONS: dict[str, type[Augmentation]] = {}
+AUGMENTATIONS: dict[str, type[Augmentation]] = {
+    "diffaug": DiffAug,  # soft contrastive encoder + conditional diffusion generator, in phases
+}
 
-__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "Encoder", "Method", "MoCo",
+__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "DiffAug", "Encoder", "Method", "MoCo",
            "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
            "build_method"]
