@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from augtune.config import ConfigError, from_dict
+from augtune.config import ConfigError, from_dict, to_dict
 from augtune.data import load_dataset
 from augtune.methods import Batch, StepInfo
 from augtune.methods.diffaug_ops import (DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, log_t_kernel,
@@ -318,3 +318,40 @@ def test_continuing_from_a_checkpoint_is_bitwise_identical(tmp_path, digits):
     second.fit()
     a, b = straight.method.state_dict(), second.method.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Images (U-Net generator) and the figures
+
+def test_image_run_with_the_unet_draws_its_figure_at_the_end(tmp_path):
+    from augtune.trainables import train_run
+
+    cfg = from_dict({
+        "dataset": {"name": "digits", "max_train": 128, "max_test": 64},
+        "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8},
+        "method": {"base": "simclr", "augment": ["diffaug"]},
+        "train": {"epochs": 3, "batch_size": 64},
+        "diffaug": {"schedule": "A:1,B:1,A:1", "steps": 10, "sample_steps": 3, "gen_width": 4, "lam": 0.5},
+        "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False},
+    })
+    data = load_dataset(cfg.dataset)
+    record = train_run(cfg, data, tmp_path / "run", log=lambda s: None)
+    assert record["status"] == "completed" and "figure_errors" not in record
+    assert record["figures"] == ["figures/diffaug_samples_run.png"]
+    assert (tmp_path / "run" / "figures" / "diffaug_samples_run.png").stat().st_size > 1000
+    last = record["epochs"][-1]
+    assert last["phase"] == "A" and 0.2 < last["diffaug_replaced"] < 0.8
+
+
+def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
+    from augtune.plots import find_runs, plot
+    from augtune.trainables import train_run
+
+    for lam in (0.0, 0.3):
+        cfg = _cfg(lam=lam)
+        cfg = from_dict({**to_dict(cfg), "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}})
+        train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None)
+    files = plot("diffaug", find_runs([tmp_path]), tmp_path / "figs")
+    names = sorted(p.name for p in files)
+    assert names == ["diffaug_lambda.png", "diffaug_samples_lam0.0.png", "diffaug_samples_lam0.3.png"]
+    assert all(p.stat().st_size > 1000 for p in files)

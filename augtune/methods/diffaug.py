@@ -6,10 +6,11 @@ How it maps onto augtune (App. B: z = H(y), y = F(x)):
 - Enc(x) -> (y, z): y is the base's backbone output (F, what evaluation sees), z the base's
   projector applied to it (H, low-dimensional). The paper's bio-feature encoder [input, 500, 300, 80]
   is `model: {backbone: mlp, num_layers: 2, hidden_dim: 500, embed_dim: 300, proj_dim: 80}`.
-- A-steps (Alg. 1 lines 8-12): the soft contrastive loss (eq. 2) over all views of the batch replaces
-  the base's loss (`phase_loss`); the base contributes backbone + projector only. Every other view is
-  in an anchor's background set (eq. 3): its own sample's views are positives (H = 1), the rest
-  negatives. `diffaug.objective: base` keeps the base's loss instead (Table 5 B3).
+- A-steps (Alg. 1 lines 8-12): the soft contrastive loss (eq. 2) replaces the base's loss
+  (`phase_loss`); the base contributes backbone + projector only (Table 5: SimCLR's InfoNCE is the
+  ablation B3, not part of DiffAug). Each view in turn is the centre x_c; the background set (eq. 3)
+  is the other views of the batch: the same sample's are positives (H = 1), the rest negatives.
+  `diffaug.objective: base` keeps the base's loss instead (Table 5 B3).
 - B-steps (lines 4-6): the diffusion loss (eq. 6) trains the generator conditioned on z_c of the clean
   sample under stop-gradient, with the encoder frozen (`encoder_phases = ("A",)`; the generator's
   optimiser runs in phase B only). `diffaug.schedule: sync` trains both every step (Table 5 B4).

@@ -22,7 +22,9 @@ from augtune.config import Config, from_dict
 from augtune.records import CHECKPOINT_FILE, RECORD_FILE, read_record
 
 # kind -> the module that holds `plot(runs, out)` (imported when the figure is drawn)
-PLOTS: dict[str, str] = {}
+PLOTS: dict[str, str] = {
+    "diffaug": "augtune.plots.diffaug",  # originals + generated positives; the lambda curve
+}
 
 FIGURES_DIR = "figures"  # a run's figures, inside its folder
 

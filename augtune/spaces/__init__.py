@@ -35,7 +35,7 @@ from ray import tune
 from ray.tune.search.sample import Categorical
 
 from augtune.config import ConfigError, dotted_keys
-from augtune.spaces import byol, moco, simclr, simsiam
+from augtune.spaces import byol, diffaug, moco, simclr, simsiam
 from augtune.spaces.common import Space
 from augtune.spaces.grammar import GRAMMAR, contains, describe, is_grid, kind, parse_domain
 
@@ -44,6 +44,7 @@ SPACES: dict[str, Space] = {
     "byol": byol.SPACE,
     "moco": moco.SPACE,  # MoCo v2
     "simsiam": simsiam.SPACE,
+    "diffaug": diffaug.SPACE,  # on SimCLR's backbone
 }
 
 _NOT_SEARCHABLE = ("search", "resources")  # they set up the search itself, before any trial
