@@ -200,6 +200,8 @@ def test_unet_denoiser_keeps_shapes_and_conditions_each_block():
     torch.manual_seed(0)
     for shape in ((1, 8, 8), (1, 28, 28), (3, 32, 32)):
         net = UNetDenoiser(shape[0], cond_dim=5, width=4, emb=16)
+        assert torch.all(net(torch.randn(2, *shape), torch.tensor([0, 9]), torch.randn(2, 5)) == 0)  # zero-init output
+        torch.nn.init.normal_(net.outc.weight)
         x = torch.randn(2, *shape)
         t = torch.tensor([0, 9])
         out = net(x, t, torch.randn(2, 5))
