@@ -170,6 +170,10 @@ class DiffAugConfig:
     denoiser: Literal["auto", "mlp", "unet"] = "auto"  # auto: App. E residual MLP for vectors, App. D U-Net for images
     gen_hidden: int = _f(2000, min=1)  # residual MLP's hidden width (App. E Listing 2: mid_dim=2000)
     gen_width: int = _f(16, min=1)  # U-Net channels of the first stage (App. D Listing 1: 16)
+    # Generator updates per batch in B-steps (each with fresh t and noise). 1 is Alg. 1; a small data set
+    # gives a B-phase too few steps for a DDPM (digits: 4 a epoch), and an under-trained denoiser's
+    # samples blow up by up to 1/sqrt(abar_T) ~ 150
+    gen_steps: int = _f(1, min=1)
     gen_lr: Optional[float] = _f(None, min=0, min_open=True)  # generator's Adam lr; None: train.lr
     ema: float = _f(0.999, min=0, max=1, max_open=True)  # EMA of the generator used for sampling (warm-up (1+n)/(10+n))
     # A-step loss: scl, the soft contrastive loss (eq. 2, the paper's default); base, the base objective's

@@ -357,3 +357,14 @@ def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
     names = sorted(p.name for p in files)
     assert names == ["diffaug_lambda.png", "diffaug_samples_lam0.0.png", "diffaug_samples_lam0.3.png"]
     assert all(p.stat().st_size > 1000 for p in files)
+
+
+def test_gen_steps_gives_more_generator_updates_per_batch_in_b_only(digits):
+    trainer = Trainer(_cfg(gen_steps=3), digits, log=lambda s: None)
+    aug = trainer.method.augments[0]
+    trainer.fit(stop_after=1)
+    assert int(aug.updates) == 0
+    g1 = [p.clone() for p in aug.generator.parameters()]
+    trainer.fit(stop_after=2)
+    assert int(aug.updates) == 3 * trainer.steps_per_epoch
+    assert any(not torch.equal(a, b) for a, b in zip(g1, aug.generator.parameters()))

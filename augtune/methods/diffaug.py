@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 
 from augtune.methods.base import Augmentation, Batch, OptimizerSpec, StepInfo
 from augtune.methods.diffaug_ops import DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, soft_contrastive_loss
@@ -157,11 +158,31 @@ class DiffAug(Augmentation):
         terms["scl"] = sum(losses) / len(losses)
         return terms
 
+    def _ema(self) -> None:
+        self.updates += 1
+        n = int(self.updates)
+        ema_update(self.ema_generator, self.generator, min(self.d.ema, (1 + n) / (10 + n)))
+
     def after_step(self, batch: Batch, method, info: StepInfo, optimizers: dict) -> None:
-        if self.sync or info.phase == "B":
-            self.updates += 1
-            n = int(self.updates)
-            ema_update(self.ema_generator, self.generator, min(self.d.ema, (1 + n) / (10 + n)))
+        if not (self.sync or info.phase == "B"):
+            return
+        self._ema()
+        opt = optimizers["generator"]
+        params = list(self.generator.parameters())
+        for _ in range(self.d.gen_steps - 1):  # diffaug.gen_steps: more updates on the same batch
+            z_c = self.condition(method, batch.x)
+            self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c).backward()
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                for p in params:  # average over DDP ranks, as the loop does for its own steps
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+            if self.cfg.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            self._ema()
 
     def epoch_metrics(self) -> dict[str, float]:
         out = {"diffaug_generator_steps": float(self.updates)}
