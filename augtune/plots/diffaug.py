@@ -30,7 +30,8 @@ def _pick(y, n: int) -> list[int]:
     """The first test sample of each class, then the next ones: n positions."""
     y = np.asarray(y)
     first = [int(np.flatnonzero(y == c)[0]) for c in np.unique(y)]
-    rest = [i for i in range(len(y)) if i not in set(first)]
+    taken = set(first)
+    rest = [i for i in range(min(len(y), n + len(first))) if i not in taken]
     return (first + rest)[:n]
 
 
