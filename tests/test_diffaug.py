@@ -339,8 +339,8 @@ def test_image_run_with_the_unet_draws_its_figure_at_the_end(tmp_path):
     data = load_dataset(cfg.dataset)
     record = train_run(cfg, data, tmp_path / "run", log=lambda s: None)
     assert record["status"] == "completed" and "figure_errors" not in record
-    assert record["figures"] == ["figures/diffaug_samples_run.png"]
-    assert (tmp_path / "run" / "figures" / "diffaug_samples_run.png").stat().st_size > 1000
+    assert record["figures"] == ["figures/diffaug_samples_digits_lam0.5_seed0.png"]
+    assert (tmp_path / "run" / "figures" / "diffaug_samples_digits_lam0.5_seed0.png").stat().st_size > 1000
     last = record["epochs"][-1]
     assert last["phase"] == "A" and 0.2 < last["diffaug_replaced"] < 0.8
 
@@ -355,7 +355,8 @@ def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
         train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None)
     files = plot("diffaug", find_runs([tmp_path]), tmp_path / "figs")
     names = sorted(p.name for p in files)
-    assert names == ["diffaug_lambda.png", "diffaug_samples_lam0.0.png", "diffaug_samples_lam0.3.png"]
+    assert names == ["diffaug_lambda_digits.png", "diffaug_samples_digits_lam0.0_seed0.png",
+                     "diffaug_samples_digits_lam0.3_seed0.png"]
     assert all(p.stat().st_size > 1000 for p in files)
 
 

@@ -2,8 +2,8 @@
 
 Images are drawn as a grid (rows: test samples; columns: Ori, Aug1-3). Vectors as the paper's violin
 plots: one panel per test sample, the distribution of its feature values in the original and in
-each generated positive. With runs at several `diffaug.lam`, a third figure plots the final metrics
-(mean +- std over the runs at each lambda) against lambda.
+each generated positive. With runs at several `diffaug.lam` on a data set, another figure plots the
+final metrics (mean +- std over the runs at each lambda) against lambda.
 """
 from __future__ import annotations
 
@@ -72,13 +72,13 @@ def _samples_figure(run, out: Path) -> Path:
         axes[0, 0].set_ylabel("feature value")
     fig.suptitle(f"{run.label}: test samples and generated positives, lambda={lam}{note}", fontsize=10)
     fig.tight_layout()
-    path = out / f"diffaug_samples_{run.path.name}.png"
+    path = out / f"diffaug_samples_{run.cfg.dataset.name}_lam{lam}_seed{run.cfg.train.seed}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def _lambda_curve(runs, out: Path) -> Path | None:
+def _lambda_curve(runs, out: Path, dataset: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     by_lam: dict[float, list[dict]] = defaultdict(list)
@@ -100,10 +100,10 @@ def _lambda_curve(runs, out: Path) -> Path | None:
     ax.set_xlabel("lambda (diffaug.lam)")
     ax.set_ylabel("final metric")
     n = sum(len(v) for v in by_lam.values())
-    ax.set_title(f"DiffAug lambda sweep ({n} runs, mean +- std)", fontsize=10)
+    ax.set_title(f"DiffAug lambda sweep on {dataset} ({n} runs, mean +- std)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "diffaug_lambda.png"
+    path = out / f"diffaug_lambda_{dataset}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -114,12 +114,14 @@ def plot(runs, out: Path) -> list[Path]:
     if not runs:
         raise PlotError("no run with diffaug in method.augment among these")
     files: list[Path] = []
-    seen: set[float] = set()
-    for run in runs:  # one sample figure per lambda (a sweep's seeds look alike)
-        if run.cfg.diffaug.lam not in seen:
-            seen.add(run.cfg.diffaug.lam)
+    seen: set[tuple] = set()
+    for run in runs:  # one sample figure per data set and lambda (a sweep's seeds look alike)
+        key = (run.cfg.dataset.name, run.cfg.diffaug.lam)
+        if key not in seen:
+            seen.add(key)
             files.append(_samples_figure(run, out))
-    curve = _lambda_curve(runs, out)
-    if curve is not None:
-        files.append(curve)
+    for dataset in dict.fromkeys(r.cfg.dataset.name for r in runs):  # a lambda curve per data set
+        curve = _lambda_curve([r for r in runs if r.cfg.dataset.name == dataset], out, dataset)
+        if curve is not None:
+            files.append(curve)
     return files
