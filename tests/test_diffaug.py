@@ -267,6 +267,7 @@ def test_smoke_run_trains_encoder_in_a_and_generator_in_b(digits):
     assert [e["phase"] for e in h] == ["A", "B", "A"]
     assert "loss_scl" in h[0] and "loss_diffusion" in h[1] and all(math.isfinite(e["loss"]) for e in h)
     assert "diffaug_replaced" not in h[0] and 0.15 < h[2]["diffaug_replaced"] < 0.45
+    assert "diffaug_gen_std_ratio" not in h[0] and math.isfinite(h[2]["diffaug_gen_std_ratio"])
     assert 0 <= final["knn_acc"] <= 1
 
 

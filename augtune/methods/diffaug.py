@@ -65,6 +65,7 @@ class DiffAug(Augmentation):
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # generator steps so far
         self.positives: torch.Tensor | None = None  # (N, *shape) generated; rebuilt each epoch, not saved
         self._replaced = self._offered = 0
+        self._std_ratio: float | None = None
 
     # -- the generator's space: images in [-1, 1] (DDPM), vectors as they are (already standardised) --
 
@@ -118,9 +119,14 @@ class DiffAug(Augmentation):
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
         self._replaced = self._offered = 0
+        self._std_ratio = None
         if self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info):
             device = next(self.generator.parameters()).device
-            self.positives = self.generate(method, self.x_train.to(device), self.d.sample_steps)
+            x = self.x_train.to(device)
+            self.positives = self.generate(method, x, self.d.sample_steps)
+            # diagnostic: ~1 when the generated positives have the data's spread; >> 1 flags an
+            # under-trained generator whose sampling chain amplified its noise (up to 1/sqrt(abar_T))
+            self._std_ratio = float(self.positives.std() / x.std().clamp_min(1e-12))
         else:
             self.positives = None  # before the first B-step: ordinary augmentation only
 
@@ -190,4 +196,6 @@ class DiffAug(Augmentation):
         out = {"diffaug_generator_steps": float(self.updates)}
         if self._offered:
             out["diffaug_replaced"] = self._replaced / self._offered  # observed rate, ~lambda
+        if self._std_ratio is not None:
+            out["diffaug_gen_std_ratio"] = self._std_ratio  # std of generated positives / std of the data
         return out
