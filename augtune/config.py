@@ -118,10 +118,23 @@ class EvalConfig:
     batch_size: int = _f(1024, min=1)  # feature extraction
     # Whose features are evaluated. target: the EMA copy of a momentum base (BYOL, MoCo), as NRCC
     # 3.6.2 keeps only BYOL's target encoder; the online one is what every other paper evaluates.
-    encoder: Literal["online", "target"] = "online"
+    # target_if_any: target for a momentum base, online otherwise (one setting for a grid of bases).
+    encoder: Literal["online", "target", "target_if_any"] = "online"
     # Figures drawn at the end of a run into its folder (kinds of `augtune plot`); None: the ones
     # the method's augmentations ask for (PiNDA's noise grid, ...); []: none.
     figures: Optional[tuple[str, ...]] = None
+    # `cluster` metric (cluster_acc/nmi/ari/k, k not given): UMAP to a few dimensions, then a
+    # mode-seeking clustering (NRCC 3.6.2). kmeans here is UMAP + k-means with k known (the ablation's
+    # other row); plain k-means on the features is the `kmeans` metric.
+    cluster: Literal["gridshift", "meanshift", "kmeans"] = "gridshift"
+    # UMAP settings from umap-learn's "Using UMAP for Clustering" guide (NRCC gives none): 30
+    # neighbours, min_dist 0 (dense clumps), 2 components; cosine, the contrastive geometry.
+    umap_components: int = _f(2, min=1, max=6)
+    umap_neighbors: int = _f(30, min=2)
+    umap_min_dist: float = _f(0.0, min=0)
+    umap_metric: Literal["cosine", "euclidean"] = "cosine"
+    cluster_bandwidth: Optional[float] = _f(None, min=0, min_open=True)  # GridShift cell side / MeanShift radius; None: auto
+    cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # auto bandwidth: below the smallest class share
 
 
 # -- the augmentation methods' own sections: one per paper (hyperparameter names as DESIGN.md) --------
@@ -132,6 +145,15 @@ class PiNDAConfig:
     noise: Literal["gaussian", "uniform"] = "gaussian"  # N(mu, Sigma) or U(-u, u) pi-noise (3.4)
     generator: Literal["auto", "mlp", "resnet18", "unet"] = "auto"  # auto: mlp for vectors, resnet18 for images (4.2)
     penalty: float = _f(1.0, min=0)  # weight of 1 / mean ||eps|| (App. B.4); 0 lets the noise shrink to nothing
+    # Which view slots get the pi-noise view x + eps. pair: Alg. 1, view 1 is x + eps, view 2 is a(x)
+    # (PiNDA as the only augmentation); uniform: Alg. 2, each slot draws one member of {a, PiNDA}
+    # (probability 1/2 each); auto: pair when view.name is identity, else uniform.
+    draw: Literal["auto", "pair", "uniform"] = "auto"
+    width: int = _f(32, min=1)  # unet generator: channels of its first level (Table 6 uses a U-Net)
+    # The paper's non-vision baselines (App. B.2), augmentation methods of their own:
+    simcl_eta: float = _f(0.5, min=0)  # simcl: norm of the added unit-direction noise as a fraction of ||h|| (B.2 gives no scale)
+    clae_eps: float = _f(0.1, min=0, min_open=True)  # clae: L-inf budget in input units (standardised vectors; images in [0, 1]: try 8/255)
+    clae_steps: int = _f(1, min=1)  # clae: ascent steps (1: FGSM as CLAE; more: PGD with step eps / steps * 2.5)
 
 
 @dataclass(frozen=True)
@@ -143,6 +165,9 @@ class NRCCConfig:
     delta3: float = _f(0.99, min=0)  # SGHMC noise scale (0.99)
     steps: int = _f(1, min=0)  # zeta, SGHMC iterations (1)
     negatives: Literal["sghmc", "augment"] = "sghmc"  # augment: the "NRCC w/o SGHMC" ablation (Table 2)
+    # eq. 18 moves s with the momentum *before* its update, so with steps: 1 the gradient of eq. 17 is
+    # never used (s1 = s0 + delta2 r0); momentum_first uses the updated momentum (textbook SGHMC).
+    order: Literal["paper", "momentum_first"] = "paper"
 
 
 @dataclass(frozen=True)
@@ -153,6 +178,9 @@ class CoCorConfig:
     mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
     meta: Literal["finite_difference", "exact"] = "finite_difference"  # App. B eq. 20, or autograd through the step
     label_fraction: float = _f(0.01, min=0, max=1, min_open=True)  # labelled part of train for the MMNN update
+    meta_batch: int = _f(64, min=1)  # samples per length in the MMNN update: its gradient is a batch mean, a subsample keeps it cheap
+    meta_every: int = _f(1, min=1)  # MMNN + classifier update every this many steps (Alg. 1: every step)
+    view_fraction: float = _f(1.0, min=0, max=1, min_open=True)  # part of each batch given composite views (paper: all); < 1 trades the loss's batch means for time
 
 
 @dataclass(frozen=True)
@@ -509,10 +537,17 @@ def method_label(cfg: Config) -> str:
 METHOD_SECTIONS = ("pinda", "nrcc", "cocor", "diffaug")
 
 
+# Keys of a method's section that another augmentation reads instead (PiNDA's baselines, B.2).
+_KEY_READERS = {"pinda.clae_eps": ("clae",), "pinda.clae_steps": ("clae",), "pinda.simcl_eta": ("simcl",)}
+
+
 def key_applies(key: str, method: str) -> bool:
     """Whether dotted `key` is read by a run whose method label is `method` (`byol+nrcc`)."""
     section = key.split(".")[0]
-    return section not in METHOD_SECTIONS or section in method.split("+")
+    if section not in METHOD_SECTIONS:
+        return True
+    parts = method.split("+")
+    return any(reader in parts for reader in _KEY_READERS.get(key, (section,)))
 
 
 def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:

@@ -386,3 +386,15 @@ def test_end_to_end_two_real_runs(tmp_path):
     assert [line.split(" |")[0] for line in lines[-2:]] == ["| raw", "| random-init"]
     df = load_runs(exp)
     assert list(df["kind"]) == ["run", "run", "reference", "reference", "reference", "reference"]
+
+
+def test_runs_that_differ_only_in_keys_they_do_not_read_count_once(tmp_path):
+    exp = tmp_path / "grid"
+    for seed in (1, 2):  # a grid crossed nrcc.negatives with plain SimCLR: the same run twice per seed
+        for neg in ("sghmc", "augment"):
+            make_run(exp / f"plain_{seed}_{neg}", seed=seed, final={"knn_acc": 0.5 + 0.1 * seed}, nrcc__negatives=neg)
+            make_run(exp / f"nrcc_{seed}_{neg}", method="simclr+nrcc", seed=seed,
+                     final={"knn_acc": 0.7 if neg == "sghmc" else 0.6}, nrcc__negatives=neg)
+    text = comparison_table(load_runs(exp), rows="method,nrcc.negatives").to_markdown()
+    assert "| simclr | 65.00 ± 7.07 (2) |" in text  # seeds 1 and 2 once each, not four runs
+    assert "(nrcc.negatives=sghmc)" in text and "(nrcc.negatives=augment)" in text

@@ -223,7 +223,8 @@ def test_evaluate_returns_exactly_the_requested_keys_and_leaves_rng_alone():
     everything = evaluate(train_x, train_y, test_x, test_y, 3, cfg, tuple(METRICS))
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert np.random.get_state()[1].tolist() == np_state[1].tolist()
-    assert set(everything) == {"knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari"}
+    assert set(everything) == {"knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari",
+                               "cluster_acc", "cluster_nmi", "cluster_ari", "cluster_k"}
     assert all(isinstance(v, float) for v in everything.values())
     assert evaluate(torch.tensor(train_x), torch.tensor(train_y), torch.tensor(test_x), torch.tensor(test_y),
                     3, cfg, ("knn",)) == {"knn_acc": 1.0}

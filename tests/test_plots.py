@@ -155,6 +155,19 @@ def test_eval_encoder_target_needs_a_momentum_base():
     load_config(None, ["eval.encoder=target", "method.base=byol"])
 
 
+def test_eval_encoder_target_if_any_reads_the_target_of_a_momentum_base_only():
+    for base, target in (("byol", True), ("simclr", False)):
+        cfg = tiny(method={"base": base}, eval={"encoder": "target_if_any"})
+        data = load_dataset(cfg.dataset)
+        method = build_method(cfg, data).eval()
+        with torch.no_grad():
+            for p in method.objective.encoder.parameters():
+                p.add_(1.0)  # online and target differ now
+        x = data.x_test[:8]
+        expected = method.objective.target_encoder(x) if target else method.objective.encoder(x)
+        assert torch.equal(method.features(x), expected)
+
+
 def test_method_sections_exist_with_the_design_names():
     cfg = from_dict({})
     assert (cfg.pinda.mu, cfg.nrcc.lam, cfg.cocor.lengths, cfg.diffaug.lam) == ("zero", 0.1, (1, 2, 3), 0.1)

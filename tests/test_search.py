@@ -157,3 +157,21 @@ def test_best_configs_picks_the_top_distinct_parameter_sets_per_group():
                                           {"method.base": "byol", "train.lr": 3}]
     cfg = from_dict({"search": {"repeat_best": {"top": 1}, "mode": "min"}})
     assert best_configs(results, cfg) == [{"method.base": "byol", "train.lr": 3}]
+
+
+def test_best_configs_repeats_once_what_differs_only_in_keys_the_run_never_reads():
+    from types import SimpleNamespace
+
+    from augtune.config import from_dict
+    from augtune.search.launch import best_configs
+
+    def result(augment, mu, acc):
+        return SimpleNamespace(config={"method.augment": augment, "pinda.mu": mu}, metrics={"knn_acc": acc},
+                               error=None)
+
+    results = [result(["pinda"], "zero", 0.9), result(["pinda"], "learned", 0.8),
+               result(["clae"], "zero", 0.7), result(["clae"], "learned", 0.75)]  # CLAE never reads pinda.mu
+    cfg = from_dict({"search": {"repeat_best": {"top": 10}}})
+    assert best_configs(results, cfg) == [{"method.augment": ["pinda"], "pinda.mu": "zero"},
+                                          {"method.augment": ["pinda"], "pinda.mu": "learned"},
+                                          {"method.augment": ["clae"], "pinda.mu": "learned"}]

@@ -307,6 +307,27 @@ def _stats(values: Iterable[Any]) -> Cell | None:
     return Cell(float(statistics.mean(vals)), statistics.stdev(vals) if len(vals) > 1 else math.nan, len(vals))
 
 
+def _distinct_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct run: two runs whose configs differ only in keys neither reads (a grid's
+    `nrcc.negatives` crossed with a plain SimCLR run, `pinda.mu` with a CLAE run) trained the same
+    thing with the same seed, so the table counts it once (the first by run folder)."""
+    from augtune.config import key_applies
+
+    keys = [c for c in runs.columns if "." in c]
+    if runs.empty or not keys:
+        return runs
+    ordered = runs.sort_values("run") if "run" in runs.columns else runs
+    seen, keep = set(), []
+    for i, (_, row) in enumerate(ordered.iterrows()):
+        method = str(row.get("method", ""))
+        signature = (method, repr(_plain(row.get("dataset"))), repr(_plain(row.get("seed"))),
+                     tuple((k, repr(_plain(row[k]))) for k in keys if key_applies(k, method)))
+        if signature not in seen:
+            seen.add(signature)
+            keep.append(i)
+    return ordered.iloc[keep].sort_index()
+
+
 def comparison_table(df: pd.DataFrame, rows: str = "method", cols: str = "dataset",
                      metrics: Iterable[str] | str = ("knn_acc",), only_completed: bool = True,
                      mode: Mode = "auto") -> ComparisonTable:
@@ -331,6 +352,7 @@ def comparison_table(df: pd.DataFrame, rows: str = "method", cols: str = "datase
         if not (runs["status"] == "completed").any():
             raise NoFinishedRunsError(_unfinished(runs))
         runs, refs = runs[runs["status"] == "completed"], refs[refs["status"] == "completed"]
+    runs = _distinct_runs(runs)
     available = [m for m in metric_columns(df) if runs[m].notna().any()]
     for m in metrics:
         if m not in available:

@@ -58,3 +58,50 @@ def kmeans_scores(x, y, k: int, seed: int = 0) -> dict[str, float]:
         "kmeans_nmi": float(normalized_mutual_info_score(y, pred)),
         "kmeans_ari": float(adjusted_rand_score(y, pred)),
     }
+
+
+def umap_embed(x, components: int = 2, neighbors: int = 30, min_dist: float = 0.0, metric: str = "cosine",
+               seed: int = 0) -> np.ndarray:
+    """(N, components) UMAP embedding of (N, D) features, seeded (umap-learn, single-threaded then)."""
+    import warnings
+
+    import umap
+
+    x = _numpy(x).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "n_jobs overridden by setting random_state": wanted
+        reducer = umap.UMAP(n_components=components, n_neighbors=min(neighbors, len(x) - 1),
+                            min_dist=min_dist, metric=metric, random_state=seed)
+        return reducer.fit_transform(x)
+
+
+def cluster_scores(x, y, algorithm: str = "gridshift", *, k: int | None = None, components: int = 2,
+                   neighbors: int = 30, min_dist: float = 0.0, metric: str = "cosine",
+                   bandwidth: float | None = None, quantile: float = 0.05, seed: int = 0) -> dict[str, float]:
+    """UMAP, then clustering without k (NRCC 3.6.2): ``cluster_acc``/``_nmi``/``_ari`` and ``cluster_k``
+    (how many clusters were found). `algorithm`: gridshift (augtune.eval.gridshift, cell side h),
+    meanshift (scikit-learn's flat kernel with bin seeding, radius 1.5 h: the half-width of GridShift's
+    3-cell window, so that both average over the same neighbourhood) or kmeans (k given: the ablation
+    row)."""
+    from augtune.eval.gridshift import auto_bandwidth, gridshift
+
+    y = _numpy(y).ravel()
+    emb = umap_embed(x, components, neighbors, min_dist, metric, seed).astype(np.float64)
+    if algorithm == "kmeans":
+        pred = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(emb)
+    else:
+        h = bandwidth if bandwidth is not None else auto_bandwidth(emb, quantile, seed=seed)
+        if algorithm == "gridshift":
+            pred = gridshift(emb, h)[0]
+        elif algorithm == "meanshift":
+            from sklearn.cluster import MeanShift
+
+            pred = MeanShift(bandwidth=1.5 * h, bin_seeding=True).fit_predict(emb)
+        else:
+            raise ValueError(f"eval.cluster: unknown algorithm {algorithm!r}")
+    return {
+        "cluster_acc": cluster_accuracy(y, pred),
+        "cluster_nmi": float(normalized_mutual_info_score(y, pred)),
+        "cluster_ari": float(adjusted_rand_score(y, pred)),
+        "cluster_k": float(len(np.unique(pred))),
+    }

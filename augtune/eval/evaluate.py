@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from augtune.config import EvalConfig
-from augtune.eval.clustering import kmeans_scores
+from augtune.eval.clustering import cluster_scores, kmeans_scores
 from augtune.eval.knn import knn_accuracy
 from augtune.eval.probes import linear_probe_accuracy, softmax_regression_accuracy
 
@@ -36,11 +36,19 @@ def _kmeans(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig,
     return kmeans_scores(test_x, test_y, k=num_classes, seed=seed)
 
 
+def _cluster(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+    # UMAP + GridShift on the test features, k not given (NRCC 3.6.2); eval.cluster switches the algorithm
+    return cluster_scores(test_x, test_y, cfg.cluster, k=num_classes, components=cfg.umap_components,
+                          neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist, metric=cfg.umap_metric,
+                          bandwidth=cfg.cluster_bandwidth, quantile=cfg.cluster_quantile, seed=seed)
+
+
 METRICS: dict[str, Metric] = {
     "knn": _knn,  # -> knn_acc
     "sr": _sr,  # -> sr_acc
     "linear": _linear,  # -> linear_acc
     "kmeans": _kmeans,  # -> kmeans_acc, kmeans_nmi, kmeans_ari
+    "cluster": _cluster,  # -> cluster_acc, cluster_nmi, cluster_ari, cluster_k
 }
 
 
@@ -50,6 +58,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "sr": ("sr_acc",),
     "linear": ("linear_acc",),
     "kmeans": ("kmeans_acc", "kmeans_nmi", "kmeans_ari"),
+    "cluster": ("cluster_acc", "cluster_nmi", "cluster_ari", "cluster_k"),
 }
 
 

@@ -5,9 +5,13 @@ Registries, not if-chains: a new base objective or augmentation method is one li
 from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjective, Objective,
                                   OptimizerSpec, StepInfo)
 from augtune.methods.byol import BYOL
+from augtune.methods.cocor import CoCor
 from augtune.methods.compose import Method, build_method
 from augtune.methods.diffaug import DiffAug
 from augtune.methods.moco import MoCo
+from augtune.methods.nrcc import NRCC
+from augtune.methods.pinda import PiNDA
+from augtune.methods.pinda_baselines import CLAE, RandomNoise, SimCL
 from augtune.methods.simclr import SimCLR
 from augtune.methods.simsiam import SimSiam
 
@@ -19,6 +23,12 @@ BASES: dict[str, type[Objective]] = {
 }
 
 AUGMENTATIONS: dict[str, type[Augmentation]] = {
+    "pinda": PiNDA,  # learned pi-noise views x + f_psi(x, eps)
+    "random_noise": RandomNoise,  # PiNDA's baselines (Table 2, B.2)
+    "simcl": SimCL,
+    "clae": CLAE,
+    "nrcc": NRCC,  # SGHMC hard negatives + the clustering regulariser (InfoNCE = simclr, BYOL)
+    "cocor": CoCor,  # composite augmentations + consistency loss + MMNN, bi-level
     "diffaug": DiffAug,  # soft contrastive encoder + conditional diffusion generator, in phases
 }
 

@@ -136,7 +136,7 @@ class MomentumObjective(Objective):
 
     @torch.no_grad()
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        encoder = self.target_encoder if self.cfg.eval.encoder == "target" else self.encoder
+        encoder = self.target_encoder if self.cfg.eval.encoder in ("target", "target_if_any") else self.encoder
         return encoder(x)
 
     @torch.no_grad()

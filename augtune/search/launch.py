@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from augtune.config import Config, ConfigError, check_names, from_dict, load_config, set_values, to_dict
+from augtune.config import Config, ConfigError, check_names, from_dict, key_applies, load_config, set_values, to_dict
 
 SEARCH_FILE = "augtune_search.yaml"  # in the experiment folder: what `augtune resume` needs
 REPEAT_DIR = "repeat_best"  # the repeat-best experiment, nested in the search's folder
@@ -322,11 +322,18 @@ def best_configs(results, cfg: Config) -> list[dict]:
     scored.sort(key=lambda r: r.metrics[cfg.search.metric], reverse=cfg.search.mode == "max")
     out: list[dict] = []
     taken: dict[Any, int] = {}
+    seen: list[dict] = []
     for r in scored:
         params = {k: v for k, v in r.config.items() if k != "train.seed"}
         group = repr(params.get(rb.per)) if rb.per else None
-        if params in out or taken.get(group, 0) == rb.top:
+        # Two sets that differ only in keys the run never reads (`pinda.mu` of a CLAE run) are one
+        # configuration: repeat it once.
+        base = params.get("method.base", cfg.method.base)
+        label = "+".join([base, *params.get("method.augment", cfg.method.augment)])
+        read = {k: v for k, v in params.items() if key_applies(k, label)}
+        if read in seen or taken.get(group, 0) == rb.top:
             continue
+        seen.append(read)
         out.append(params)
         taken[group] = taken.get(group, 0) + 1
     return out

@@ -35,7 +35,7 @@ from ray import tune
 from ray.tune.search.sample import Categorical
 
 from augtune.config import ConfigError, dotted_keys
-from augtune.spaces import byol, diffaug, moco, simclr, simsiam
+from augtune.spaces import byol, cocor, diffaug, moco, nrcc, pinda, simclr, simsiam
 from augtune.spaces.common import Space
 from augtune.spaces.grammar import GRAMMAR, contains, describe, is_grid, kind, parse_domain
 
@@ -44,6 +44,10 @@ SPACES: dict[str, Space] = {
     "byol": byol.SPACE,
     "moco": moco.SPACE,  # MoCo v2
     "simsiam": simsiam.SPACE,
+    "pinda": pinda.SPACE,  # PiNDA on SimCLR; the generator is the modality's default
+    "pinda_vision": pinda.VISION_SPACE,  # ... with the image generator (ResNet-18 or U-Net) searched
+    "nrcc": nrcc.SPACE,  # NRCC on InfoNCE; lambda x tau is the paper's 3x3 grid preset
+    "cocor": cocor.SPACE,  # on MoCo v2
     "diffaug": diffaug.SPACE,  # on SimCLR's backbone
 }
 

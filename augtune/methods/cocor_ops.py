@@ -1,0 +1,229 @@
+"""CoCor's basic augmentations (Appendix C) and composite augmentations (Definitions 1-2).
+
+Every op works on a whole batch on the device and takes one magnitude per sample, in the op's own
+units (below). Magnitudes are drawn per sample and per application, RandAugment/FixMatch style, from
+the documented ranges; a random sign makes the symmetric ops go both ways.
+
+| op | magnitude m (units) | effect | range drawn |
+| --- | --- | --- | --- |
+| AutoContrast | - | per-channel min-max stretch to [0, 1] | - |
+| Brightness, Color, Contrast, Sharpness | enhance factor f (PIL ImageEnhance) | ``deg + f (x - deg)`` with deg = black, grey image, mean grey, smoothed image; f > 1 strengthens | 1 +- U(0.1, 0.9) |
+| Rotate | degrees, counter-clockwise | bilinear, black fill | +-U(3, 30) |
+| ShearX, ShearY | shear factor | x_in = x + m y (resp. y_in = y + m x) | +-U(0.03, 0.3) |
+| TranslateX, TranslateY | fraction of the width/height, right/down | content moves by m | +-U(0.03, 0.3) |
+| Posterize | bits kept of 8 | fewer bits, coarser levels | {4, 5, 6} |
+| Solarize | threshold in [0, 1] | pixels >= m are inverted; lower m inverts more | U(0.25, 0.75) |
+| Equalize | - | per-channel histogram equalisation (textbook cdf formula, see _equalize) | - |
+| Identity | - | none | - |
+
+Affine ops fill with black (0), not FixMatch's grey: small data sets here have black backgrounds.
+Color is the identity on one-channel images (grey is already grey).
+
+Vector data (no paper does this; augtune's choice): Identity, GaussianNoise (x + m sd eps, m the
+noise level in units of the batch's per-feature sd), Mask (each feature with probability m, and at least one,
+replaced by the batch mean), Scale (each feature times 1 + U(-m, m)), Swap (each feature with probability m, at least
+one, taken from a random sample of the batch, SCARF-style); m ~ U(0.05, 0.3).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+
+IMAGE_OPS = ("AutoContrast", "Brightness", "Color", "Contrast", "Rotate", "Equalize", "Identity",
+             "Posterize", "Sharpness", "ShearX", "ShearY", "Solarize", "TranslateX", "TranslateY")
+COLOR_OPS = ("AutoContrast", "Brightness", "Color", "Contrast", "Equalize", "Identity", "Posterize",
+             "Sharpness", "Solarize")  # App. C, Omega_color
+AFFINE_OPS = ("Rotate", "Identity", "ShearX", "ShearY", "TranslateX", "TranslateY")  # App. C, Omega_affine
+POOLS = {"all": IMAGE_OPS, "color": COLOR_OPS, "affine": AFFINE_OPS}
+VECTOR_OPS = ("Identity", "GaussianNoise", "Mask", "Scale", "Swap")
+
+_ENHANCE = ("Brightness", "Color", "Contrast", "Sharpness")
+_AFFINE = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY")
+
+
+def pool_ops(pool: str, modality: str) -> tuple[str, ...]:
+    if modality == "vector":
+        return VECTOR_OPS  # one pool for vectors: color/affine mean nothing there
+    return POOLS[pool]
+
+
+def _signed(lo: float, hi: float, n: int) -> torch.Tensor:
+    sign = torch.randint(0, 2, (n,)).float() * 2 - 1
+    return sign * (lo + (hi - lo) * torch.rand(n))
+
+
+def sample_magnitude(op: str, n: int) -> torch.Tensor:
+    """(n,) magnitudes of `op` in its units (module table), drawn on the CPU from the global RNG."""
+    if op in _ENHANCE:
+        return 1 + _signed(0.1, 0.9, n)
+    if op == "Rotate":
+        return _signed(3.0, 30.0, n)
+    if op in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+        return _signed(0.03, 0.3, n)
+    if op == "Posterize":
+        return torch.randint(4, 7, (n,)).float()
+    if op == "Solarize":
+        return 0.25 + 0.5 * torch.rand(n)
+    if op in ("GaussianNoise", "Mask", "Scale", "Swap"):
+        return 0.05 + 0.25 * torch.rand(n)
+    return torch.zeros(n)
+
+
+def _grey(x: torch.Tensor) -> torch.Tensor:
+    return TF.rgb_to_grayscale(x, num_output_channels=x.shape[1]) if x.shape[1] == 3 else x
+
+
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's SMOOTH filter (3x3, centre 5, others 1, /13), border pixels kept (as ImageEnhance.Sharpness)."""
+    c = x.shape[1]
+    k = torch.ones(3, 3, dtype=x.dtype, device=x.device)
+    k[1, 1] = 5
+    k = (k / 13).expand(c, 1, 3, 3)
+    out = x.clone()
+    out[..., 1:-1, 1:-1] = F.conv2d(x, k, groups=c)
+    return out
+
+
+def _equalize(x: torch.Tensor) -> torch.Tensor:
+    """Per-channel histogram equalisation over 256 levels: lut(k) = (cdf(k) - cdf_min) / (n - cdf_min).
+
+    The textbook formula, not PIL's (torchvision's) step scheme, which leaves every image of fewer
+    than ~256 pixels unchanged (8x8 digits)."""
+    b, c, h, w = x.shape
+    q = (x.float().clamp(0, 1) * 255).round().long().flatten(2)  # (B, C, HW) levels
+    hist = torch.zeros(b, c, 256, device=x.device).scatter_add_(2, q, torch.ones_like(q, dtype=torch.float))
+    cdf = hist.cumsum(2)  # (B, C, 256)
+    cdf_min = torch.where(hist > 0, cdf, torch.full_like(cdf, float(h * w))).amin(2, keepdim=True)
+    lut = ((cdf - cdf_min) / (h * w - cdf_min).clamp_min(1)).clamp(0, 1)  # (B, C, 256)
+    flat = torch.where(cdf_min < h * w, lut.gather(2, q), q.float() / 255)  # one-level channels stay
+    return flat.view(b, c, h, w).to(x.dtype)
+
+
+def _affine_theta(op: str, m: torch.Tensor) -> torch.Tensor:
+    """(n, 2, 3) inverse maps (output -> input) in affine_grid's [-1, 1] coordinates, y pointing down."""
+    n = m.shape[0]
+    theta = torch.zeros(n, 2, 3, dtype=m.dtype, device=m.device)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1
+    if op == "Rotate":  # counter-clockwise on screen: x_in = x cos - y sin, y_in = x sin + y cos
+        a = m * (math.pi / 180)
+        theta[:, 0, 0], theta[:, 0, 1] = a.cos(), -a.sin()
+        theta[:, 1, 0], theta[:, 1, 1] = a.sin(), a.cos()
+    elif op == "ShearX":
+        theta[:, 0, 1] = m
+    elif op == "ShearY":
+        theta[:, 1, 0] = m
+    elif op == "TranslateX":  # content moves right by m widths: x_in = x - 2m
+        theta[:, 0, 2] = -2 * m
+    elif op == "TranslateY":
+        theta[:, 1, 2] = -2 * m
+    return theta
+
+
+def apply_affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def apply_image_op(op: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """`op` on images x (n, C, H, W) in [0, 1] with magnitudes m (n,) on x's device."""
+    f = m.to(x.dtype).view(-1, 1, 1, 1)
+    if op == "Identity":
+        return x
+    if op == "AutoContrast":
+        lo, hi = x.amin(dim=(2, 3), keepdim=True), x.amax(dim=(2, 3), keepdim=True)
+        return torch.where(hi > lo, (x - lo) / (hi - lo).clamp_min(1e-6), x)
+    if op in _ENHANCE:
+        if op == "Brightness":
+            deg = torch.zeros_like(x)
+        elif op == "Color":
+            deg = _grey(x)
+        elif op == "Contrast":
+            deg = _grey(x)[:, :1].mean(dim=(1, 2, 3), keepdim=True).expand_as(x)
+        else:
+            deg = _smooth(x)
+        return (deg + f * (x - deg)).clamp(0, 1)
+    if op in _AFFINE:
+        return apply_affine(x, _affine_theta(op, m.to(x.dtype)))
+    if op == "Posterize":
+        shift = (8 - m).to(torch.int32).view(-1, 1, 1, 1)
+        q = (x * 255).round().to(torch.int32)
+        return ((q >> shift) << shift).to(x.dtype) / 255
+    if op == "Solarize":
+        return torch.where(x >= f, 1 - x, x)
+    if op == "Equalize":
+        return _equalize(x)
+    raise KeyError(op)
+
+
+def _pick(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """(n, D) features chosen with probability p each, and always at least one per sample."""
+    one = F.one_hot(torch.randint(0, x.shape[1], (x.shape[0],), device=x.device), x.shape[1]).bool()
+    return (torch.rand_like(x) < p) | one
+
+
+def apply_vector_op(op: str, x: torch.Tensor, m: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`op` on vectors x (n, D); `ref` (B, D) is the clean batch whose statistics the ops use."""
+    p = m.to(x.dtype).view(-1, 1)
+    if op == "Identity":
+        return x
+    if op == "GaussianNoise":
+        return x + p * ref.std(0, unbiased=False) * torch.randn_like(x)
+    if op == "Mask":
+        return torch.where(_pick(x, p), ref.mean(0).expand_as(x), x)
+    if op == "Scale":
+        return x * (1 + p * (2 * torch.rand_like(x) - 1))
+    if op == "Swap":
+        other = ref[torch.randint(0, ref.shape[0], (x.shape[0],), device=x.device)]  # (n, D)
+        return torch.where(_pick(x, p), other, x)
+    raise KeyError(op)
+
+
+def composite_views(x: torch.Tensor, lengths: tuple[int, ...], ops: tuple[str, ...],
+                    modality: str = "image") -> tuple[torch.Tensor, torch.Tensor]:
+    """One composite view per length per sample (Definition 1), and its composition vectors.
+
+    x: (B, *shape). Returns views (L*B, *shape), length-major (the views of lengths[0] first), and
+    counts (L*B, len(ops)) float: how often each op was applied (Definition 2; rows sum to l).
+    Ops are drawn with replacement and applied in the drawn order. All views of all lengths go
+    through the ops together: step k touches the views whose length exceeds k, and within a step
+    the views are grouped by op, so a step costs one call per op present (choices live on the CPU,
+    so grouping needs no device sync).
+    """
+    b, n_ops = x.shape[0], len(ops)
+    length = torch.tensor(lengths).repeat_interleave(b)  # (N,) length of each view
+    n = length.shape[0]
+    choice = torch.randint(0, n_ops, (n, max(lengths)))  # (N, l_max) op ids, CPU
+    active = torch.arange(max(lengths)).view(1, -1) < length.view(-1, 1)  # (N, l_max)
+    counts = torch.zeros(n, n_ops)
+    counts.scatter_add_(1, choice, active.float())  # (N, n_ops)
+    views = x.repeat(len(lengths), *([1] * (x.dim() - 1)))  # (N, *shape)
+    for k in range(max(lengths)):
+        step = torch.where(active[:, k], choice[:, k], -1)  # -1: this view is done
+        order = torch.argsort(step, stable=True)
+        sizes = torch.bincount(step + 1, minlength=n_ops + 1).tolist()  # CPU: no sync
+        parts = list(torch.split(order, sizes))[1:]  # drop the finished views
+        out = views.clone()
+        affine_idx, affine_theta = [], []  # the affine ops of this step share one grid_sample
+        for op_id, idx in enumerate(parts):
+            op = ops[op_id]
+            if idx.numel() == 0 or op == "Identity":
+                continue
+            mag = sample_magnitude(op, idx.numel())
+            if modality == "image" and op in _AFFINE:
+                affine_idx.append(idx)
+                affine_theta.append(_affine_theta(op, mag))
+                continue
+            idx_d, mag_d = idx.to(x.device, non_blocking=True), mag.to(x.device, non_blocking=True)
+            if modality == "vector":
+                out[idx_d] = apply_vector_op(op, views[idx_d], mag_d, x)
+            else:
+                out[idx_d] = apply_image_op(op, views[idx_d], mag_d)
+        if affine_idx:
+            idx_d = torch.cat(affine_idx).to(x.device, non_blocking=True)
+            theta = torch.cat(affine_theta).to(x.device, non_blocking=True)  # (n, 2, 3)
+            out[idx_d] = apply_affine(views[idx_d], theta)
+        views = out
+    return views, counts.to(x.device)

@@ -1,0 +1,45 @@
+"""UMAP of the test features coloured by true class and by the cluster found without k (NRCC Fig. 1).
+
+One PNG per run, `umap_<label>.png`: two scatter panels of the same embedding (eval.umap_* settings,
+the run's seed), left by class, right by the `eval.cluster` algorithm's clusters, with the scores in
+the title. Works for any run: the features are those evaluation sees (`eval.encoder`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from augtune.plots import Run
+
+
+def plot(runs: list[Run], out: Path) -> list[Path]:
+    """UMAP scatter of each run's test features: by class and by cluster found (NRCC Fig. 1)."""
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import adjusted_rand_score
+
+    from augtune.eval.clustering import cluster_accuracy, umap_embed
+    from augtune.eval.gridshift import auto_bandwidth, gridshift
+
+    written = []
+    for run in runs:
+        e, seed = run.cfg.eval, run.cfg.train.seed
+        y = run.data.y_test.numpy()
+        emb = umap_embed(run.features("test"), 2, e.umap_neighbors, e.umap_min_dist, e.umap_metric, seed)
+        h = e.cluster_bandwidth or auto_bandwidth(emb, e.cluster_quantile, seed=seed)
+        found = gridshift(emb, h)[0]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+        for ax, labels, title in ((axes[0], y, "true class"),
+                                  (axes[1], found, f"GridShift: {len(np.unique(found))} clusters")):
+            ax.scatter(emb[:, 0], emb[:, 1], c=labels, cmap="tab20", s=3, linewidths=0)
+            ax.set_title(title, fontsize=10)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        fig.suptitle(f"{run.label}: UMAP of {run.data.name} test features — cluster ACC "
+                     f"{cluster_accuracy(y, found):.3f}, ARI {adjusted_rand_score(y, found):.3f}", fontsize=10)
+        fig.tight_layout()
+        path = out / f"umap_{run.record['method']}_seed{run.record['seed']}.png".replace("+", "_")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
