@@ -194,7 +194,8 @@ class DiffAugConfig:
     # value: 1 makes e^alpha kappa_100(0) = 1.08 >= 1, so positives get P = 1 (clamped), as the official
     # code's normalisation gives them
     alpha: float = _f(1.0, min=0)
-    sample_steps: Optional[int] = _f(50, min=1)  # strided (DDIM) steps for generation in training; None: all T, ancestral
+    # strided (DDIM, eta = 1) steps for the generation during training; None: ancestral over all T
+    sample_steps: Optional[int] = _f(50, min=1)
     denoiser: Literal["auto", "mlp", "unet"] = "auto"  # auto: App. E residual MLP for vectors, App. D U-Net for images
     gen_hidden: int = _f(2000, min=1)  # residual MLP's hidden width (App. E Listing 2: mid_dim=2000)
     gen_width: int = _f(16, min=1)  # U-Net channels of the first stage (App. D Listing 1: 16)

@@ -97,7 +97,8 @@ def main() -> None:
     x = data.x_train[:1000].to(trainer.device)
     reps = max(1, -(-1000 // len(x)))
     print(f"{'generation of 1000 samples':34s} {'seconds':>9s}")
-    for name, steps in (("ancestral, T steps", None), (f"strided, {cfg.diffaug.sample_steps} steps", cfg.diffaug.sample_steps)):
+    strided = cfg.diffaug.sample_steps
+    for name, steps in (("ancestral, T steps", None), (f"strided, {strided} steps", strided)):
         t0 = time.perf_counter()
         for _ in range(reps):
             aug.generate(trainer.method, x, steps)

@@ -54,7 +54,8 @@ def test_kernel_decreases_with_distance_and_small_nu_has_heavier_tails():
         k = log_t_kernel(sq, nu)
         assert torch.all(k[1:] < k[:-1])
     far = torch.tensor([1e4])
-    assert log_t_kernel(far, 0.01) - log_t_kernel(torch.zeros(1), 0.01) > log_t_kernel(far, 100.0) - log_t_kernel(torch.zeros(1), 100.0)
+    zero = torch.zeros(1)
+    assert log_t_kernel(far, 0.01) - log_t_kernel(zero, 0.01) > log_t_kernel(far, 100.0) - log_t_kernel(zero, 100.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +353,8 @@ def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
 
     for lam in (0.0, 0.3):
         cfg = _cfg(lam=lam)
-        cfg = from_dict({**to_dict(cfg), "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}})
+        evals = {"metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}
+        cfg = from_dict({**to_dict(cfg), "eval": evals})
         train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None)
     files = plot("diffaug", find_runs([tmp_path]), tmp_path / "figs")
     names = sorted(p.name for p in files)
