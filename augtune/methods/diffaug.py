@@ -34,7 +34,7 @@ _CHUNK = 1024  # samples generated per call while refreshing the buffer (memory,
 
 
 class DiffAug(Augmentation):
-    """DiffAug: soft contrastive encoder + conditional diffusion generator in phases; generated positives, rate lambda."""
+    """DiffAug: soft contrastive encoder + conditional diffusion generator in phases, generated positives."""
 
     name = "diffaug"
     figures = ("diffaug",)
