@@ -196,6 +196,9 @@ class DiffAugConfig:
     alpha: float = _f(1.0, min=0)
     # strided (DDIM, eta = 1) steps for the generation during training; None: ancestral over all T
     sample_steps: Optional[int] = _f(50, min=1)
+    # clamp the predicted clean sample to the data's range while sampling (DDPM's clip_denoised): images
+    # [0, 1], vectors each feature's training min..max; false lets sampling error carry samples anywhere
+    clip: bool = True
     denoiser: Literal["auto", "mlp", "unet"] = "auto"  # auto: App. E residual MLP for vectors, App. D U-Net for images
     gen_hidden: int = _f(2000, min=1)  # residual MLP's hidden width (App. E Listing 2: mid_dim=2000)
     gen_width: int = _f(16, min=1)  # U-Net channels of the first stage (App. D Listing 1: 16)

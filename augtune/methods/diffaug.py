@@ -63,6 +63,11 @@ class DiffAug(Augmentation):
             p.requires_grad_(False)
         self.ddpm = DDPM(d.steps)
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # generator steps so far
+        # the data's range in the generator's space (diffaug.clip): [-1, 1] for images, per feature for vectors
+        lo = torch.full(self.shape, -1.0) if self.image else data.x_train.min(0).values
+        hi = torch.full(self.shape, 1.0) if self.image else data.x_train.max(0).values
+        self.register_buffer("clip_lo", lo, persistent=False)
+        self.register_buffer("clip_hi", hi, persistent=False)
         self.positives: torch.Tensor | None = None  # (N, *shape) generated; rebuilt each epoch, not saved
         self._replaced = self._offered = 0
         self._std_ratio: float | None = None
@@ -102,7 +107,8 @@ class DiffAug(Augmentation):
         out = []
         for i in range(0, len(x), _CHUNK):
             z = self.condition(method, x[i:i + _CHUNK])
-            out.append(self._from_gen(self.ddpm.sample(self.ema_generator, z, self.shape, sample_steps)))
+            clip = (self.clip_lo, self.clip_hi) if self.d.clip else None
+            out.append(self._from_gen(self.ddpm.sample(self.ema_generator, z, self.shape, sample_steps, clip)))
         return torch.cat(out) if out else x.new_zeros((0, *self.shape))
 
     # -- hooks -----------------------------------------------------------------------------------

@@ -105,39 +105,44 @@ class DDPM(nn.Module):
         return F.mse_loss(net(xt, t, cond.detach()).float(), noise)
 
     @torch.no_grad()
-    def sample(self, net: nn.Module, cond: torch.Tensor, shape: tuple[int, ...],
-               sample_steps: int | None = None, eta: float = 1.0) -> torch.Tensor:
+    def sample(self, net: nn.Module, cond: torch.Tensor, shape: tuple[int, ...], sample_steps: int | None = None,
+               clip: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Gen(delta, z_c): (B, Dz) conditions -> (B, *shape) samples.
 
-        sample_steps None or >= T: ancestral DDPM sampling over all T steps (eq. 7, sigma_t^2 = beta_t).
-        Otherwise the DDIM update (Song et al. 2021, eq. 12) over `sample_steps` evenly strided steps,
-        ~T/sample_steps times faster. eta = 1 (default) is ancestral sampling on the strided chain;
-        eta = 0 is deterministic DDIM, which on a briefly trained generator threw ~2% far outliers
-        (|x| > 6 on a 2-D mixture of scale 2) where eta = 1 threw none.
+        sample_steps None or >= T: ancestral sampling over all T steps (eq. 7, sigma_t^2 = beta_t).
+        Otherwise the same ancestral update on `sample_steps` evenly strided steps, with the betas of the
+        strided chain, 1 - abar_t / abar_prev (respacing, Nichol & Dhariwal 2021): T/sample_steps times
+        fewer denoiser calls. Its variance is eq. 7's (beta, "fixed large"): with the exact noise
+        predictor of N(1, 0.3^2) data it gives std 0.31 over all T = 100 steps, 0.35 over 25, 0.45 over
+        10 (DDIM with eta = 1, whose variance is the posterior's, shrinks it to 0.22 and 0.16; eta = 0
+        threw ~2% far outliers on a briefly trained generator).
+
+        clip (lo, hi), broadcastable to a sample: the predicted clean sample x0 is clamped to it before
+        the step (DDPM's clip_denoised), so that the predictor's error at large t, which the chain
+        amplifies by up to 1/sqrt(abar_T) ~ 150, cannot carry samples out of the data's range.
         """
         b = cond.shape[0]
         x = torch.randn((b, *shape), device=cond.device)  # delta ~ N(0, 1)
         if sample_steps is None or sample_steps >= self.steps:
-            for t in range(self.steps - 1, -1, -1):
-                tt = torch.full((b,), t, device=cond.device, dtype=torch.long)
-                eps = net(x, tt, cond).float()
-                beta, ab = self.betas[t], self.alphas_bar[t]
-                x = (x - beta / (1 - ab).sqrt() * eps) / (1 - beta).sqrt()  # eq. 7's mean
-                if t > 0:
-                    x = x + beta.sqrt() * torch.randn_like(x)
-            return x
-        ts = torch.linspace(self.steps - 1, 0, sample_steps).round().long().unique_consecutive().tolist()
+            ts = list(range(self.steps - 1, -1, -1))
+        else:
+            ts = torch.linspace(self.steps - 1, 0, sample_steps).round().long().unique_consecutive().tolist()
         one = torch.ones((), device=cond.device)
         for i, t in enumerate(ts):
             tt = torch.full((b,), t, device=cond.device, dtype=torch.long)
             eps = net(x, tt, cond).float()
             ab = self.alphas_bar[t]
             ab_prev = self.alphas_bar[ts[i + 1]] if i + 1 < len(ts) else one
-            x0 = (x - (1 - ab).sqrt() * eps) / ab.sqrt()  # predicted clean sample
-            sigma = eta * ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).sqrt()
-            x = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps
-            if i + 1 < len(ts):
-                x = x + sigma * torch.randn_like(x)
+            alpha = ab / ab_prev  # 1 - beta_t on the full chain
+            beta = 1 - alpha
+            if clip is None:
+                mean = (x - beta / (1 - ab).sqrt() * eps) / alpha.sqrt()  # eq. 7's mean
+            else:
+                x0 = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+                x0 = torch.minimum(torch.maximum(x0, clip[0]), clip[1])
+                # the posterior mean of q(x_prev | x_t, x0), equal to eq. 7's mean when x0 is not clamped
+                mean = ab_prev.sqrt() * beta / (1 - ab) * x0 + alpha.sqrt() * (1 - ab_prev) / (1 - ab) * x
+            x = mean + beta.sqrt() * torch.randn_like(x) if i + 1 < len(ts) else mean
         return x
 
 
