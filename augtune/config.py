@@ -190,6 +190,27 @@ class DiffAugConfig:
     steps: int = _f(1000, min=1)  # diffusion steps T (DDPM)
     nu_y: float = _f(100.0, min=0, min_open=True)  # t-kernel degrees of freedom on the high-dimensional y
     nu_z: float = _f(0.01, min=0, min_open=True)  # ... and on the low-dimensional z
+    # R_ij = e^alpha on same-sample pairs (App. B eq. 15); the paper bounds it to [0, 1] (2.1) and gives no
+    # value: 1 makes e^alpha kappa_100(0) = 1.08 >= 1, so positives get P = 1 (clamped), as the official
+    # code's normalisation gives them
+    alpha: float = _f(1.0, min=0)
+    # strided (DDIM, eta = 1) steps for the generation during training; None: ancestral over all T
+    sample_steps: Optional[int] = _f(50, min=1)
+    # clamp the predicted clean sample to the data's range while sampling (DDPM's clip_denoised): images
+    # [0, 1], vectors each feature's training min..max; false lets sampling error carry samples anywhere
+    clip: bool = True
+    denoiser: Literal["auto", "mlp", "unet"] = "auto"  # auto: App. E residual MLP for vectors, App. D U-Net for images
+    gen_hidden: int = _f(2000, min=1)  # residual MLP's hidden width (App. E Listing 2: mid_dim=2000)
+    gen_width: int = _f(16, min=1)  # U-Net channels of the first stage (App. D Listing 1: 16)
+    # Generator updates per batch in B-steps (each with fresh t and noise). 1 is Alg. 1; a small data set
+    # gives a B-phase too few steps for a DDPM (digits: 4 a epoch), and an under-trained denoiser's
+    # samples blow up by up to 1/sqrt(abar_T) ~ 150
+    gen_steps: int = _f(1, min=1)
+    gen_lr: Optional[float] = _f(None, min=0, min_open=True)  # generator's Adam lr; None: train.lr
+    ema: float = _f(0.999, min=0, max=1, max_open=True)  # EMA of the generator used for sampling (warm-up (1+n)/(10+n))
+    # A-step loss: scl, the soft contrastive loss (eq. 2, the paper's default); base, the base objective's
+    # own loss (Table 5 B3, "DiffAug w/o L_scl", InfoNCE with SimCLR)
+    objective: Literal["scl", "base"] = "scl"
 
 
 @dataclass(frozen=True)
@@ -380,6 +401,22 @@ def _validate_section(obj: Any, prefix: str) -> None:
                 parse_phases(obj.phases, obj.epochs)
             except ValueError as e:
                 raise ConfigError(f"{prefix}.phases: {e}") from None
+    if isinstance(obj, DiffAugConfig) and obj.schedule.strip() != "sync":
+        from augtune.trainables.phases import parse_phases, phase_names
+
+        try:
+            parse_phases(obj.schedule, 1)
+        except ValueError as e:
+            raise ConfigError(f"{prefix}.schedule: {e}, or sync") from None
+        if not obj.schedule.strip():
+            raise ConfigError(f"{prefix}.schedule: expected NAME:EPOCHS[,NAME:EPOCHS...] such as A:200,B:400,A:800, "
+                              "or sync; got an empty string")
+        names = phase_names(obj.schedule)
+        if names - {"A", "B"}:
+            raise ConfigError(f"{prefix}.schedule: phases are A (encoder) and B (generator), got "
+                              f"{sorted(names - {'A', 'B'})} in {obj.schedule!r}; or sync (both every step)")
+        if "A" not in names:
+            raise ConfigError(f"{prefix}.schedule: {obj.schedule!r} has no A phase, so the encoder would never train")
 
 
 def from_dict(data: Any) -> Config:

@@ -7,6 +7,7 @@ from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjectiv
 from augtune.methods.byol import BYOL
 from augtune.methods.cocor import CoCor
 from augtune.methods.compose import Method, build_method
+from augtune.methods.diffaug import DiffAug
 from augtune.methods.moco import MoCo
 from augtune.methods.nrcc import NRCC
 from augtune.methods.pinda import PiNDA
@@ -28,8 +29,9 @@ AUGMENTATIONS: dict[str, type[Augmentation]] = {
     "clae": CLAE,
     "nrcc": NRCC,  # SGHMC hard negatives + the clustering regulariser (InfoNCE = simclr, BYOL)
     "cocor": CoCor,  # composite augmentations + consistency loss + MMNN, bi-level
+    "diffaug": DiffAug,  # soft contrastive encoder + conditional diffusion generator, in phases
 }
 
-__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "Encoder", "Method", "MoCo",
+__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "DiffAug", "Encoder", "Method", "MoCo",
            "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
            "build_method"]

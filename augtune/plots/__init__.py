@@ -24,6 +24,7 @@ from augtune.records import CHECKPOINT_FILE, RECORD_FILE, read_record
 # kind -> the module that holds `plot(runs, out)` (imported when the figure is drawn)
 PLOTS: dict[str, str] = {
     "cocor": "augtune.plots.cocor",  # latent similarity per length (Fig. 4a), feature spectrum (4b)
+    "diffaug": "augtune.plots.diffaug",  # originals + generated positives; the lambda curve
     "pinda": "augtune.plots.pinda",  # originals, Sigma, mu, noise, x + noise (PiNDA Figs. 1, 4)
     "umap": "augtune.plots.umap",  # UMAP of the features by class and by found cluster (NRCC Fig. 1)
 }

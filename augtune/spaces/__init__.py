@@ -35,7 +35,7 @@ from ray import tune
 from ray.tune.search.sample import Categorical
 
 from augtune.config import ConfigError, dotted_keys
-from augtune.spaces import byol, cocor, moco, nrcc, pinda, simclr, simsiam
+from augtune.spaces import byol, cocor, diffaug, moco, nrcc, pinda, simclr, simsiam
 from augtune.spaces.common import Space
 from augtune.spaces.grammar import GRAMMAR, contains, describe, is_grid, kind, parse_domain
 
@@ -48,6 +48,7 @@ SPACES: dict[str, Space] = {
     "pinda_vision": pinda.VISION_SPACE,  # ... with the image generator (ResNet-18 or U-Net) searched
     "nrcc": nrcc.SPACE,  # NRCC on InfoNCE; lambda x tau is the paper's 3x3 grid preset
     "cocor": cocor.SPACE,  # on MoCo v2
+    "diffaug": diffaug.SPACE,  # on SimCLR's backbone
 }
 
 _NOT_SEARCHABLE = ("search", "resources")  # they set up the search itself, before any trial

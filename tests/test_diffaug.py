@@ -1,0 +1,404 @@
+"""DiffAug: the t-kernel and soft contrastive loss, the conditional DDPM, phases and generated positives."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from augtune.config import ConfigError, from_dict, to_dict
+from augtune.data import load_dataset
+from augtune.methods import Batch, StepInfo
+from augtune.methods.diffaug_ops import (DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, log_t_kernel,
+                                         soft_contrastive_loss, t_kernel)
+from augtune.trainables.loop import Trainer
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine torch's spinning threads make these 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel (App. B eq. 9)
+
+
+@pytest.mark.parametrize("nu,at_zero", [
+    (1.0, 1 / math.pi),  # Cauchy
+    (2.0, 1 / (2 * math.sqrt(2))),
+    (0.5, math.gamma(0.75) / (math.sqrt(0.5 * math.pi) * math.gamma(0.25))),
+    (1e6, 1 / math.sqrt(2 * math.pi)),  # nu -> inf: the standard normal density
+])
+def test_t_kernel_at_distance_zero_is_eq9_normalising_constant(nu, at_zero):
+    a = torch.zeros(1, 3)
+    assert t_kernel(a, a, nu).item() == pytest.approx(at_zero, rel=1e-5)
+
+
+@pytest.mark.parametrize("nu", [1.0, 3.0, 100.0])
+def test_t_kernel_of_a_1d_difference_integrates_to_one(nu):
+    d = torch.linspace(-2000, 2000, 2_000_001, dtype=torch.float64)
+    density = log_t_kernel(d**2, nu).exp()
+    tail = 2 / (math.pi * 2000) if nu == 1 else 0  # Cauchy mass beyond |d| = 2000
+    assert torch.trapezoid(density, d).item() == pytest.approx(1 - tail, abs=2e-4)
+
+
+def test_kernel_decreases_with_distance_and_small_nu_has_heavier_tails():
+    sq = torch.tensor([0.0, 1.0, 4.0, 100.0])
+    for nu in (0.01, 1.0, 100.0):
+        k = log_t_kernel(sq, nu)
+        assert torch.all(k[1:] < k[:-1])
+    far = torch.tensor([1e4])
+    zero = torch.zeros(1)
+    assert log_t_kernel(far, 0.01) - log_t_kernel(zero, 0.01) > log_t_kernel(far, 100.0) - log_t_kernel(zero, 100.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Soft contrastive loss (eq. 2, App. B eqs. 13-17)
+
+def _views(b=6, dy=16, dz=4, seed=0, scale=1.0):
+    """Centres' y and z, background views' z (one per sample) and H = identity."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(b, dy, generator=g) * scale
+    z = torch.randn(b, dz, generator=g) * scale
+    z_bg = torch.randn(b, dz, generator=g) * scale
+    return y, z, z_bg, torch.eye(b, dtype=torch.bool)
+
+
+def test_loss_finite_with_finite_gradients_at_extreme_distances():
+    y, z, z_bg, same = _views()
+    z, z_bg = z.clone(), z_bg.clone()
+    z[0] = z_bg[0] = 0  # a positive pair at distance 0
+    z[1] = 1e18  # a centre absurdly far from everything
+    y[2] = y[3]  # identical y: kappa(0) for a negative pair
+    for alpha in (0.0, 1.0, 10.0):
+        zz = z.clone().requires_grad_(True)
+        loss = soft_contrastive_loss(y, zz, z_bg, same, 100.0, 0.01, alpha)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all()
+
+
+def test_p_and_q_lie_in_the_unit_interval():
+    for scale in (1e-6, 1.0, 1e6):
+        y, z, z_bg, same = _views(scale=scale)
+        for nu in (0.01, 1.0, 100.0):
+            q = t_kernel(z, z_bg, nu)
+            p = (t_kernel(y, y, nu) * torch.where(same, math.e, 1.0)).clamp(0, 1)
+            assert torch.all(q >= 0) and torch.all(q < 1) and torch.all((p >= 0) & (p <= 1))
+            assert scale > 1 or torch.all(q > 0)  # only absurd distances underflow Q to 0 ...
+        # ... which the loss clamps (log Q >= log eps): still finite
+        assert torch.isfinite(soft_contrastive_loss(y, z, z_bg, same, 100.0, 0.01, 1.0))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1e-4, 0.5])
+def test_soft_loss_differs_from_the_bce_form_of_cl_by_eq17(alpha):
+    """L_CL - L_SCL = sum_j (H_cj - R_cj kappa(d^y_cj)) log(1/kappa(d^z_cj) - 1) (eq. 17, exact with H fixed)."""
+    y, z, z_bg, same = _views(seed=1)
+    nu_y, nu_z = 100.0, 1.0
+    q = t_kernel(z, z_bg, nu_z).double()
+    ky = t_kernel(y, y, nu_y).double()
+    h = same.double()
+    l_cl = (-(h * q.log() + (1 - h) * (1 - q).log())).sum(1).mean()  # eq. 13
+    r = 1 + (math.exp(alpha) - 1) * h
+    eq17 = ((h - r * ky) * (1 / q - 1).log()).sum(1).mean()
+    l_scl = soft_contrastive_loss(y, z, z_bg, same, nu_y, nu_z, alpha).double()
+    assert (l_cl - l_scl).item() == pytest.approx(eq17.item(), rel=1e-4, abs=1e-4)
+
+
+def test_with_p_equal_to_h_the_soft_loss_is_the_bce_form_of_cl():
+    """Lemma B.1's L_CL^p: when P_cj = H_cj (here: alpha = ln(1/kappa(0)), negatives far in y) the two agree."""
+    y, z, z_bg, same = _views(seed=3)
+    y = y * 100  # negatives: kappa_{nu_y}(d^y) underflows to 0
+    nu_y, nu_z = 100.0, 1.0
+    alpha = -math.log(t_kernel(y[:1], y[:1], nu_y).item())  # e^alpha kappa(0) = 1
+    q = t_kernel(z, z_bg, nu_z).double()
+    h = same.double()
+    l_cl = (-(h * q.log() + (1 - h) * (1 - q).log())).sum(1).mean()
+    assert soft_contrastive_loss(y, z, z_bg, same, nu_y, nu_z, alpha).item() == pytest.approx(l_cl.item(), rel=1e-4)
+
+
+def test_soft_loss_is_continuous_as_alpha_goes_to_zero_and_pulls_positives():
+    y, z, z_bg, same = _views(seed=2)
+    base = soft_contrastive_loss(y, z, z_bg, same, 100.0, 1.0, 0.0)
+    diffs = [abs(soft_contrastive_loss(y, z, z_bg, same, 100.0, 1.0, a) - base).item() for a in (1e-1, 1e-2)]
+    assert 8 < diffs[0] / diffs[1] < 12  # linear in alpha near 0: L_scl is continuous there (eq. 12)
+    # gradient descent on the centres' z draws each one to its own positive, not to the others
+    zz = z.clone().requires_grad_(True)
+    opt = torch.optim.Adam([zz], lr=0.05)
+    gap0 = (z - z_bg).norm(dim=1).mean()
+    for _ in range(100):
+        opt.zero_grad()
+        soft_contrastive_loss(y, zz, z_bg, same, 100.0, 1.0, 1.0).backward()
+        opt.step()
+    d = torch.cdist(zz.detach(), z_bg)
+    assert d.diagonal().mean() < 0.5 * gap0 and torch.equal(d.argmin(1), torch.arange(len(z)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Conditional DDPM (eqs. 6-7) on a 2-D Gaussian mixture
+
+CENTERS = torch.tensor([[-2.0, 0.0], [2.0, 1.0]])
+
+
+def _mixture(n, g):
+    k = torch.randint(0, 2, (n,), generator=g)
+    return CENTERS[k] + 0.3 * torch.randn(n, 2, generator=g), torch.nn.functional.one_hot(k, 2).float()
+
+
+@pytest.fixture(scope="module")
+def trained_ddpm():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    net = ResidualMLPDenoiser(2, 2, 100, hidden=64, min_width=32)
+    ema = copy.deepcopy(net)
+    ddpm = DDPM(100)
+    opt = torch.optim.Adam(net.parameters(), 2e-3)
+    losses = []
+    for i in range(400):
+        x, c = _mixture(256, g)
+        loss = ddpm.loss(net, x, c)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ema_update(ema, net, min(0.99, (1 + i) / (10 + i)))
+        losses.append(loss.item())
+    return ddpm, ema, losses
+
+
+def test_diffusion_loss_falls(trained_ddpm):
+    _, _, losses = trained_ddpm
+    first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
+    assert last < 0.3 * first
+
+
+@pytest.mark.parametrize("sample_steps", [None, 50])  # ancestral over T = 100, strided over 50
+def test_samples_match_the_mixture_mean_and_covariance(trained_ddpm, sample_steps):
+    ddpm, ema, _ = trained_ddpm
+    torch.manual_seed(1)
+    x, c = _mixture(3000, torch.Generator().manual_seed(1))
+    s = ddpm.sample(ema, c, (2,), sample_steps)
+    assert torch.allclose(s.mean(0), x.mean(0), atol=0.15)
+    assert torch.allclose(torch.cov(s.T), torch.cov(x.T), atol=0.35)
+
+
+def test_conditioning_lands_samples_near_their_component(trained_ddpm):
+    ddpm, ema, _ = trained_ddpm
+    torch.manual_seed(2)
+    for k in range(2):
+        cond = torch.zeros(500, 2)
+        cond[:, k] = 1
+        s = ddpm.sample(ema, cond, (2,), 50)
+        assert (s.mean(0) - CENTERS[k]).norm() < 0.3
+        assert ((s - CENTERS[k]).norm(dim=1) < 1.5).float().mean() > 0.9
+
+
+def test_unet_denoiser_keeps_shapes_and_conditions_each_block():
+    torch.manual_seed(0)
+    for shape in ((1, 8, 8), (1, 28, 28), (3, 32, 32)):
+        net = UNetDenoiser(shape[0], cond_dim=5, width=4, emb=16)
+        assert torch.all(net(torch.randn(2, *shape), torch.tensor([0, 9]), torch.randn(2, 5)) == 0)  # zero-init output
+        torch.nn.init.normal_(net.outc.weight)
+        x = torch.randn(2, *shape)
+        t = torch.tensor([0, 9])
+        out = net(x, t, torch.randn(2, 5))
+        assert out.shape == x.shape
+        assert not torch.allclose(net(x, t, torch.zeros(2, 5)), net(x, t, torch.ones(2, 5)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Config: the schedule
+
+@pytest.mark.parametrize("schedule,message", [
+    ("A:2,C:1", "phases are A (encoder) and B (generator)"),
+    ("A-2,B:1", "expected NAME:EPOCHS"),
+    ("A:0,B:1", "at least one epoch"),
+    ("", "expected NAME:EPOCHS"),
+    ("B:4", "no A phase"),
+])
+def test_bad_schedules_are_refused_naming_the_key(schedule, message):
+    with pytest.raises(ConfigError) as e:
+        from_dict({"diffaug": {"schedule": schedule}})
+    assert str(e.value).startswith("diffaug.schedule: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_good_schedules_pass():
+    for s in ("A:200,B:400,A:800", "A:330,B:330,A:340", "sync", "A:1"):
+        assert from_dict({"diffaug": {"schedule": s}}).diffaug.schedule == s
+
+
+# ---------------------------------------------------------------------------------------------
+# In the loop: phases, generated positives at rate lambda, a smoke run on digits-as-vectors
+
+def _cfg(**diffaug):
+    return from_dict({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": {"hidden_dim": 64, "num_layers": 2, "embed_dim": 32, "proj_hidden_dim": 32, "proj_dim": 8},
+        "method": {"base": "simclr", "augment": ["diffaug"]},
+        "train": {"epochs": 3, "batch_size": 64},
+        "diffaug": {"schedule": "A:1,B:1,A:1", "steps": 20, "sample_steps": 5, "gen_hidden": 32, **diffaug},
+        "eval": {"metrics": ["knn"], "epoch_metrics": ["knn"], "references": False},
+    })
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset(_cfg().dataset)
+
+
+def test_smoke_run_trains_encoder_in_a_and_generator_in_b(digits):
+    trainer = Trainer(_cfg(lam=0.3), digits, log=lambda s: None)
+    aug = trainer.method.augments[0]
+    enc = lambda: [p.clone() for p in trainer.method.objective.parameters()]  # noqa: E731
+    gen = lambda: [p.clone() for p in aug.generator.parameters()]  # noqa: E731
+    e0, g0 = enc(), gen()
+    trainer.fit(stop_after=1)  # A
+    e1, g1 = enc(), gen()
+    assert any(not torch.equal(a, b) for a, b in zip(e0, e1)) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert aug.positives is None  # before the first B-step: ordinary augmentation only
+    trainer.fit(stop_after=2)  # B
+    e2, g2 = enc(), gen()
+    assert all(torch.equal(a, b) for a, b in zip(e1, e2)) and any(not torch.equal(a, b) for a, b in zip(g1, g2))
+    final = trainer.fit()  # A again, with generated positives
+    h = trainer.history
+    assert [e["phase"] for e in h] == ["A", "B", "A"]
+    assert "loss_scl" in h[0] and "loss_diffusion" in h[1] and all(math.isfinite(e["loss"]) for e in h)
+    assert "diffaug_replaced" not in h[0] and 0.15 < h[2]["diffaug_replaced"] < 0.45
+    assert "diffaug_gen_std_ratio" not in h[0] and math.isfinite(h[2]["diffaug_gen_std_ratio"])
+    assert 0 <= final["knn_acc"] <= 1
+
+
+def test_replaced_positives_are_generated_samples_at_rate_lambda(digits):
+    lam = 0.2
+    trainer = Trainer(_cfg(lam=lam), digits, log=lambda s: None)
+    trainer.fit(stop_after=2)  # A then B: the generator has been trained
+    method, aug = trainer.method, trainer.method.augments[0]
+    info = StepInfo(2, trainer.global_step, trainer.total_steps, "A")
+    method.on_epoch_start(info)
+    x = trainer.x_train
+    pos = aug.positives
+    assert pos.shape == x.shape and torch.isfinite(pos).all()
+    assert pos.abs().sum() > 0 and not torch.allclose(pos, x, atol=1e-3)  # not zeros, not copies of x
+    assert pos.std(0).mean() > 0.1  # really varied, not one constant vector
+    torch.manual_seed(0)
+    n = len(x)
+    idx = torch.arange(n)
+    v0, v1 = x + 0.01, x - 0.01
+    replaced = 0
+    for _ in range(20):
+        out = aug.transform(Batch(x=x, views=[v0, v1], index=idx), method, info)
+        mask = out.extra["diffaug_replaced"]
+        assert torch.equal(out.views[0], v0)  # the anchor's own view is never replaced
+        assert torch.equal(out.views[1][mask], pos[mask]) and torch.equal(out.views[1][~mask], v1[~mask])
+        replaced += int(mask.sum())
+    rate, sd = replaced / (20 * n), math.sqrt(lam * (1 - lam) / (20 * n))
+    assert abs(rate - lam) < 4 * sd
+    b_info = StepInfo(1, 0, 1, "B")
+    assert aug.transform(Batch(x=x, views=[v0, v1], index=idx), method, b_info).views[1] is v1  # no swap in B
+
+
+def test_sync_trains_both_every_step_and_lambda_zero_never_generates(digits):
+    trainer = Trainer(_cfg(schedule="sync", lam=0.0), digits, log=lambda s: None)
+    trainer.fit(stop_after=2)
+    h = trainer.history
+    assert all("loss_scl" in e and "loss_diffusion" in e and "phase" not in e for e in h)
+    aug = trainer.method.augments[0]
+    assert int(aug.updates) == 2 * trainer.steps_per_epoch and aug.positives is None
+
+
+def test_continuing_from_a_checkpoint_is_bitwise_identical(tmp_path, digits):
+    cfg = _cfg(lam=0.5)
+    straight = Trainer(cfg, digits, log=lambda s: None)
+    straight.fit()
+    first = Trainer(cfg, digits, log=lambda s: None)
+    first.fit(tmp_path / "c.pt", stop_after=2)
+    torch.manual_seed(123)
+    second = Trainer(cfg, digits, log=lambda s: None)
+    second.load_checkpoint(tmp_path / "c.pt")
+    second.fit()
+    a, b = straight.method.state_dict(), second.method.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Images (U-Net generator) and the figures
+
+def test_image_run_with_the_unet_draws_its_figure_at_the_end(tmp_path):
+    from augtune.trainables import train_run
+
+    cfg = from_dict({
+        "dataset": {"name": "digits", "max_train": 128, "max_test": 64},
+        "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8},
+        "method": {"base": "simclr", "augment": ["diffaug"]},
+        "train": {"epochs": 3, "batch_size": 64},
+        "diffaug": {"schedule": "A:1,B:1,A:1", "steps": 10, "sample_steps": 3, "gen_width": 4, "lam": 0.5},
+        "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False},
+    })
+    data = load_dataset(cfg.dataset)
+    record = train_run(cfg, data, tmp_path / "run", log=lambda s: None)
+    assert record["status"] == "completed" and "figure_errors" not in record
+    assert record["figures"] == ["figures/diffaug_samples_digits_lam0.5_seed0.png"]
+    assert (tmp_path / "run" / "figures" / "diffaug_samples_digits_lam0.5_seed0.png").stat().st_size > 1000
+    last = record["epochs"][-1]
+    assert last["phase"] == "A" and 0.2 < last["diffaug_replaced"] < 0.8
+
+
+def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
+    from augtune.plots import find_runs, plot
+    from augtune.trainables import train_run
+
+    for lam in (0.0, 0.3):
+        cfg = _cfg(lam=lam)
+        evals = {"metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}
+        cfg = from_dict({**to_dict(cfg), "eval": evals})
+        train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None)
+    files = plot("diffaug", find_runs([tmp_path]), tmp_path / "figs")
+    names = sorted(p.name for p in files)
+    assert names == ["diffaug_lambda_digits.png", "diffaug_samples_digits_lam0.0_seed0.png",
+                     "diffaug_samples_digits_lam0.3_seed0.png"]
+    assert all(p.stat().st_size > 1000 for p in files)
+
+
+def test_gen_steps_gives_more_generator_updates_per_batch_in_b_only(digits):
+    trainer = Trainer(_cfg(gen_steps=3), digits, log=lambda s: None)
+    aug = trainer.method.augments[0]
+    trainer.fit(stop_after=1)
+    assert int(aug.updates) == 0
+    g1 = [p.clone() for p in aug.generator.parameters()]
+    trainer.fit(stop_after=2)
+    assert int(aug.updates) == 3 * trainer.steps_per_epoch
+    assert any(not torch.equal(a, b) for a, b in zip(g1, aug.generator.parameters()))
+
+
+def test_clipping_x0_keeps_a_briefly_trained_generator_in_the_data_range():
+    """32-d, components at -1 and +1 on every feature: 300 steps leave the predictor's error at large t,
+    which the chain amplifies (~1/sqrt(abar_T)) to samples ~20 off; clamping x0 keeps them in range."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    net = ResidualMLPDenoiser(32, 2, 100, hidden=64, min_width=64)
+    ddpm = DDPM(100)
+    opt = torch.optim.Adam(net.parameters(), 2e-3)
+
+    def draw(n):
+        k = torch.randint(0, 2, (n,), generator=g)
+        x = (2 * k - 1).float()[:, None] + 0.3 * torch.randn(n, 32, generator=g)
+        return x, torch.nn.functional.one_hot(k, 2).float()
+
+    for _ in range(300):
+        x, c = draw(256)
+        loss = ddpm.loss(net, x, c)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    x, c = draw(1000)
+    sign = c[:, 1] * 2 - 1  # the component's mean, -1 or +1
+    clip = (x.min(0).values, x.max(0).values)
+    for steps in (None, 25):
+        free = ddpm.sample(net, c, (32,), steps)
+        s = ddpm.sample(net, c, (32,), steps, clip)
+        assert torch.all((s >= clip[0]) & (s <= clip[1]))  # the last step returns the clamped x0
+        assert (s.mean(1) - sign).abs().mean() < 0.2 * (free.mean(1) - sign).abs().mean()
