@@ -36,6 +36,21 @@ class PlotError(ValueError):
     """A figure cannot be drawn from these runs; the message says why in one line."""
 
 
+def save(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay out, write and close a matplotlib figure; the path written."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+def run_stem(run: "Run") -> str:
+    """`simclr_pinda_seed0`: a run's part of a figure's file name."""
+    return f"{run.record['method']}_seed{run.record['seed']}".replace("+", "_")
+
+
 def _newest_checkpoint(folder: Path) -> Optional[Path]:
     if (folder / CHECKPOINT_FILE).is_file():
         return folder / CHECKPOINT_FILE

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from augtune.plots import PlotError, Run
+from augtune.plots import PlotError, Run, save
 
 MAX_SAMPLES = 1024  # test samples the similarities are measured on
 
@@ -58,10 +58,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     ax.set_xticks(lengths)
     ax.set_title("Latent similarity per length (CoCor Fig. 4a)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(out / "cocor_similarity.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
+    files.append(save(fig, out / "cocor_similarity.png", dpi=120))
 
     trained = [r for r in runs if any(k.startswith("cocor_sim_l") for e in r.record.get("epochs", []) for k in e)]
     if trained:
@@ -76,10 +73,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         ax.set_xlabel("epoch")
         ax.set_ylabel("mean latent similarity (training)")
         ax.legend(fontsize=6)
-        fig.tight_layout()
-        files.append(out / "cocor_similarity_epochs.png")
-        fig.savefig(files[-1], dpi=120)
-        plt.close(fig)
+        files.append(save(fig, out / "cocor_similarity_epochs.png", dpi=120))
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for run in runs:
@@ -92,8 +86,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     ax.set_ylabel("singular value of feature covariance")
     ax.set_title("Dimensional collapse (CoCor Fig. 4b)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(out / "cocor_spectrum.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
+    files.append(save(fig, out / "cocor_spectrum.png", dpi=120))
     return files

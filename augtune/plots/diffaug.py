@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from augtune.plots import PlotError
+from augtune.plots import PlotError, save
 
 _SHOW = 6  # test samples shown per run
 _POSITIVES = 3  # Aug1..Aug3
@@ -71,11 +71,7 @@ def _samples_figure(run, out: Path) -> Path:
             ax.set_title(f"class {data.classes[int(data.y_test[idx[r]])]}", fontsize=9)
         axes[0, 0].set_ylabel("feature value")
     fig.suptitle(f"{run.label}: test samples and generated positives, lambda={lam}{note}", fontsize=10)
-    fig.tight_layout()
-    path = out / f"diffaug_samples_{run.cfg.dataset.name}_lam{lam}_seed{run.cfg.train.seed}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / f"diffaug_samples_{run.cfg.dataset.name}_lam{lam}_seed{run.cfg.train.seed}.png")
 
 
 def _lambda_curve(runs, out: Path, dataset: str) -> Path | None:
@@ -102,11 +98,7 @@ def _lambda_curve(runs, out: Path, dataset: str) -> Path | None:
     n = sum(len(v) for v in by_lam.values())
     ax.set_title(f"DiffAug lambda sweep on {dataset} ({n} runs, mean +- std)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / f"diffaug_lambda_{dataset}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / f"diffaug_lambda_{dataset}.png")
 
 
 def plot(runs, out: Path) -> list[Path]:

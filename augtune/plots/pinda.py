@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from augtune.plots import PlotError, Run
+from augtune.plots import PlotError, Run, run_stem, save
 
 
 def _pinda(run: Run):
@@ -65,9 +65,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
                 _show(axes[r, c], imgs[c], symmetric)
             axes[r, 0].set_ylabel(title, fontsize=9)
         fig.suptitle(f"{run.label}: π-noise (‖ε‖ mean {noise.flatten(1).norm(dim=1).mean():.2f})", fontsize=9)
-        fig.tight_layout()
-        path = out / f"pinda_noise_{run.record['method']}_seed{run.record['seed']}.png".replace("+", "_")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(fig, out / f"pinda_noise_{run_stem(run)}.png"))
     return written

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from augtune.plots import Run
+from augtune.plots import Run, run_stem, save
 
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
@@ -37,9 +37,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             ax.set_yticks([])
         fig.suptitle(f"{run.label}: UMAP of {run.data.name} test features — cluster ACC "
                      f"{cluster_accuracy(y, found):.3f}, ARI {adjusted_rand_score(y, found):.3f}", fontsize=10)
-        fig.tight_layout()
-        path = out / f"umap_{run.record['method']}_seed{run.record['seed']}.png".replace("+", "_")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(fig, out / f"umap_{run_stem(run)}.png"))
     return written
