@@ -30,8 +30,10 @@ def _columns(y: torch.Tensor, n: int = 8) -> torch.Tensor:
 def _show(ax, img: torch.Tensor, symmetric: bool = False) -> None:
     img = img.float().cpu()
     if img.shape[0] == 1:
-        kw = {"cmap": "RdBu_r", "vmin": -img.abs().max(), "vmax": img.abs().max()} if symmetric else {"cmap": "gray"}
-        ax.imshow(img[0].numpy(), **kw)
+        if symmetric:
+            ax.imshow(img[0].numpy(), cmap="RdBu_r", vmin=-img.abs().max(), vmax=img.abs().max())
+        else:  # images on their own [0, 1] scale, clipped: the noise must not rescale the picture
+            ax.imshow(img[0].clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
     else:  # colour: rescale a map to [0, 1] for display
         if symmetric:
             img = 0.5 + img / (2 * img.abs().max().clamp_min(1e-8))
