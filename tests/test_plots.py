@@ -173,3 +173,22 @@ def test_method_sections_exist_with_the_design_names():
     assert (cfg.pinda.mu, cfg.nrcc.lam, cfg.cocor.lengths, cfg.diffaug.lam) == ("zero", 0.1, (1, 2, 3), 0.1)
     with pytest.raises(ConfigError, match="nrcc.delta1: expected a number <= 1"):
         from_dict({"nrcc": {"delta1": 2}})
+
+
+def test_variants_pool_seeds_and_name_only_the_settings_a_run_reads(tmp_path):
+    from augtune.plots import Run, variants
+
+    def run(method, seed, mmnn, lr=1e-3):
+        config = {"method": {"base": method.split("+")[0], "augment": method.split("+")[1:]},
+                  "train": {"seed": seed, "lr": lr}, "cocor": {"mmnn": mmnn}}
+        return Run(tmp_path, {"method": method, "seed": seed, "config": config})
+
+    runs = [run(m, s, mmnn) for s in (0, 1) for m in ("moco", "moco+cocor") for mmnn in (True, False)]
+    groups = variants(runs)
+    # plain MoCo never reads cocor.mmnn: its two runs per seed are one run of one variant
+    assert {k: [r.record["seed"] for r in g] for k, g in groups.items()} == {
+        "moco": [0, 1], "moco+cocor (cocor.mmnn=true)": [0, 1], "moco+cocor (cocor.mmnn=false)": [0, 1]}
+    # a setting every run shares is not named; one that differs is, for every method that reads it
+    assert list(variants([run("moco", 0, True, lr=0.1), run("moco", 0, True, lr=0.01)])) == [
+        "moco (train.lr=0.1)", "moco (train.lr=0.01)"]
+    assert list(variants([run("moco", 0, True), run("moco", 1, True)])) == ["moco"]

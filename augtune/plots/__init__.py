@@ -116,6 +116,44 @@ class Run:
         return extract_features(self.method.features, x, self.cfg.eval.batch_size, self.device)
 
 
+_NOT_A_VARIANT = ("train.seed", "method.base", "method.augment")  # the seed; the method is in the label
+
+
+def variants(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by what they are apart from their seed: {"moco+cocor (cocor.mmnn=true)": [...]}.
+
+    A label is the method plus every config key whose value differs between the runs and that the
+    run reads (`config.key_applies`); so plain MoCo from a grid over `cocor.mmnn` is one variant, and
+    its twin (same variant, same seed, a key it never reads apart) is kept once. Groups keep the
+    order in which their first run came.
+    """
+    from augtune.analysis.frame import flatten_config
+    from augtune.config import key_applies
+
+    flat = [flatten_config(r.record.get("config", {})) for r in runs]
+    keys = sorted({k for f in flat for k in f} - set(_NOT_A_VARIANT))
+    varying = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+    groups: dict[str, list[Run]] = {}
+    seen: set[tuple] = set()
+    for run, f in zip(runs, flat):
+        method = run.record["method"]
+        own = [f"{k}={_show(f.get(k))}" for k in varying if key_applies(k, method)]
+        label = f"{method} ({', '.join(own)})" if own else method
+        if (label, run.record.get("seed")) in seen:
+            continue
+        seen.add((label, run.record.get("seed")))
+        groups.setdefault(label, []).append(run)
+    return groups
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
 def load_run(path: Path) -> Run:
     """The run in `path`: a run folder, a Ray trial folder or a record.json file."""
     path = Path(path)

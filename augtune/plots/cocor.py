@@ -2,20 +2,24 @@
 
 Three files:
 - ``cocor_similarity.png`` (Figure 4a): mean latent similarity f(x)^T f(A(x)) of composites of each
-  length on the test split, measured now with each run's trained method, one line per run; runs
-  without CoCor (MoCo alone) are measured the same way, so with/without consistency compare.
+  length on the test split, measured now with each run's trained method; runs without CoCor (MoCo
+  alone) are measured the same way, so with/without consistency compare.
 - ``cocor_similarity_epochs.png``: the same per epoch during training (``cocor_sim_l<l>`` in the
   record), for the runs that trained with CoCor.
 - ``cocor_spectrum.png`` (Figure 4b): singular values of the covariance of the test features, sorted,
   log scale; a collapsed dimension shows as a drop.
+
+One line per variant (`plots.variants`: method and the settings that differ, seeds pooled): the mean
+over its seeds, with their standard deviation as error bars (4a) or a band (4b).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from augtune.plots import PlotError, Run, save
+from augtune.plots import PlotError, Run, save, variants
 
 MAX_SAMPLES = 1024  # test samples the similarities are measured on
 
@@ -41,6 +45,22 @@ def measured_similarity(run: Run, lengths: tuple[int, ...], seed: int = 0) -> li
     return (z * z0).sum(-1).mean(1).float().cpu().tolist()
 
 
+def _legend(ax) -> None:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def _label(name: str, group: list[Run]) -> str:
+    return f"{name}, {len(group)} seeds" if len(group) > 1 else f"{name}, seed {group[0].record['seed']}"
+
+
+def spectrum(run: Run) -> np.ndarray:
+    """Singular values of the covariance of the run's test features, largest first."""
+    f = run.features("test")  # (N, F)
+    f = f - f.mean(0)
+    cov = f.T @ f / max(1, f.shape[0] - 1)  # (F, F)
+    return torch.linalg.svdvals(cov.double()).clamp_min(1e-12).numpy()
+
+
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """CoCor's latent similarity per composite length (Fig. 4a) and feature spectrum (Fig. 4b)."""
     import matplotlib.pyplot as plt
@@ -48,43 +68,51 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     if not runs:
         raise PlotError("cocor: no runs given")
     lengths = tuple(sorted({l for r in runs for l in r.cfg.cocor.lengths} | {1, 2, 3}))
+    groups = variants(runs)
     files: list[Path] = []
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for run in runs:
-        ax.plot(lengths, measured_similarity(run, lengths), marker="o", label=run.label)
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    for i, (name, group) in enumerate(groups.items()):
+        sims = np.array([measured_similarity(run, lengths) for run in group])  # (runs, L)
+        ax.errorbar(np.array(lengths) + 0.03 * (i - len(groups) / 2), sims.mean(0), yerr=sims.std(0),
+                    marker="o", capsize=3, label=_label(name, group))
     ax.set_xlabel("composite length l")
     ax.set_ylabel("mean latent similarity f(x)ᵀf(A(x))")
     ax.set_xticks(lengths)
     ax.set_title("Latent similarity per length (CoCor Fig. 4a)")
-    ax.legend(fontsize=7)
+    _legend(ax)
     files.append(save(fig, out / "cocor_similarity.png", dpi=120))
 
-    trained = [r for r in runs if any(k.startswith("cocor_sim_l") for e in r.record.get("epochs", []) for k in e)]
+    trained = {name: group for name, group in groups.items()
+               if any(k.startswith("cocor_sim_l") for r in group for e in r.record.get("epochs", []) for k in e)}
     if trained:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for i, run in enumerate(trained):
-            epochs = run.record["epochs"]
-            for l in run.cfg.cocor.lengths:
-                pts = [(e["epoch"], e[f"cocor_sim_l{l}"]) for e in epochs if f"cocor_sim_l{l}" in e]
-                if pts:
-                    ax.plot(*zip(*pts), color=f"C{i}", alpha=0.4 + 0.6 * l / max(lengths),
-                            label=f"{run.label} l={l}")
+        fig, ax = plt.subplots(figsize=(7.5, 3.5))
+        for i, (name, group) in enumerate(trained.items()):
+            for l in group[0].cfg.cocor.lengths:
+                curves = [dict((e["epoch"], e[f"cocor_sim_l{l}"]) for e in r.record["epochs"] if f"cocor_sim_l{l}" in e)
+                          for r in group]
+                epochs = sorted(set.intersection(*(set(c) for c in curves)))  # the epochs every seed has
+                if epochs:
+                    ax.plot(epochs, [np.mean([c[e] for c in curves]) for e in epochs], color=f"C{i}",
+                            alpha=0.4 + 0.6 * l / max(lengths), label=f"{_label(name, group)}, l={l}")
         ax.set_xlabel("epoch")
         ax.set_ylabel("mean latent similarity (training)")
-        ax.legend(fontsize=6)
+        _legend(ax)
         files.append(save(fig, out / "cocor_similarity_epochs.png", dpi=120))
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for run in runs:
-        f = run.features("test")  # (N, F)
-        f = f - f.mean(0)
-        cov = f.T @ f / max(1, f.shape[0] - 1)  # (F, F)
-        sv = torch.linalg.svdvals(cov.double()).clamp_min(1e-12)
-        ax.semilogy(range(1, len(sv) + 1), sv.numpy(), label=run.label)
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    for i, (name, group) in enumerate(groups.items()):
+        spectra = [spectrum(run) for run in group]
+        n = min(len(sv) for sv in spectra)
+        logs = np.log10(np.stack([sv[:n] for sv in spectra]))  # (runs, n): seeds pooled in log space
+        ranks = np.arange(1, n + 1)
+        ax.semilogy(ranks, 10 ** logs.mean(0), color=f"C{i}", label=_label(name, group))
+        if len(group) > 1:
+            ax.fill_between(ranks, 10 ** (logs.mean(0) - logs.std(0)), 10 ** (logs.mean(0) + logs.std(0)),
+                            color=f"C{i}", alpha=0.2, linewidth=0)
     ax.set_xlabel("singular value rank")
     ax.set_ylabel("singular value of feature covariance")
     ax.set_title("Dimensional collapse (CoCor Fig. 4b)")
-    ax.legend(fontsize=7)
+    _legend(ax)
     files.append(save(fig, out / "cocor_spectrum.png", dpi=120))
     return files
