@@ -186,6 +186,9 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
         # Nodes that do not have augtune installed get this checkout's package.
         kwargs["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
     else:
+        # "local": a Ray of its own, never one that ray.init() would otherwise find on this machine
+        # (another search's, or the one /tmp/ray/ray_current_cluster names); RAY_ADDRESS still wins.
+        kwargs["address"] = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(trial_needs(plan_cfg)["CPU"]))
     ray.init(**kwargs)
     return ray.cluster_resources()
