@@ -77,10 +77,47 @@ def test_loss_finite_with_finite_gradients_at_extreme_distances():
     z[1] = 1e18  # a centre absurdly far from everything
     y[2] = y[3]  # identical y: kappa(0) for a negative pair
     for alpha in (0.0, 1.0, 10.0):
-        zz = z.clone().requires_grad_(True)
-        loss = soft_contrastive_loss(y, zz, z_bg, same, 100.0, 0.01, alpha)
+        zz, yy = z.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        loss = soft_contrastive_loss(yy, zz, z_bg, same, 100.0, 0.01, alpha)
         loss.backward()
-        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all()
+        assert torch.isfinite(loss) and torch.isfinite(zz.grad).all() and torch.isfinite(yy.grad).all()
+
+
+def test_gradient_through_p_spreads_the_samples_y_apart():
+    """Eq. 2 as written: P(y_c, y_j) is differentiated too, and dL/dP = log((1 - Q)/Q) > 0 moves the
+    samples' y away from each other (what keeps the backbone from collapsing)."""
+    y, z, z_bg, same = _views(b=8, seed=4, scale=0.1)  # y close together: the negatives' P is not 0
+    yy = y.clone().requires_grad_(True)
+    soft_contrastive_loss(yy, z, z_bg, same, 100.0, 0.01, 1.0).backward()
+    assert yy.grad is not None and yy.grad.abs().sum() > 0
+    spread = lambda v: torch.pdist(v).mean().item()
+    assert spread(y - 0.1 * yy.grad) > spread(y)
+
+
+def test_soft_loss_trains_an_encoder_without_collapse():
+    """A-steps on a tiny encoder, y = F(x), z = H(y), two noisy views of 4 clusters: the loss falls
+    and the samples' y stay spread (with P as a no-gradient target, both went the other way)."""
+    g = torch.Generator().manual_seed(0)
+    centres = 3 * torch.randn(4, 10, generator=g)
+    x = centres.repeat(16, 1) + 0.5 * torch.randn(64, 10, generator=g)  # (64, 10)
+    torch.manual_seed(0)
+    f = torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    h = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    opt = torch.optim.Adam([*f.parameters(), *h.parameters()], lr=1e-3)
+    same = torch.eye(64, dtype=torch.bool)
+    losses, spreads = [], []
+    for _ in range(300):
+        v1, v2 = (x + 0.3 * torch.randn(x.shape, generator=g) for _ in range(2))
+        y1, y2 = f(v1), f(v2)
+        loss = (soft_contrastive_loss(y1, h(y1), h(y2), same, 100.0, 0.01, 1.0)
+                + soft_contrastive_loss(y2, h(y2), h(y1), same, 100.0, 0.01, 1.0)) / 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        spreads.append(torch.pdist(y1.detach()).mean().item())
+    assert sum(losses[-20:]) / 20 < 0.8 * sum(losses[:20]) / 20
+    assert spreads[-1] > spreads[0]
 
 
 def test_p_and_q_lie_in_the_unit_interval():
