@@ -83,3 +83,12 @@ def test_methods_lists_bases_and_datasets():
     for line in res.stdout.splitlines():
         if line.startswith("  ") and "(none registered yet)" not in line:
             assert len(line.split(None, 1)) == 2, f"no description: {line!r}"  # every entry says what it is
+
+
+def test_a_reader_that_stops_early_is_no_error():
+    """`augtune status DIR | head -1`: the pipe closes before augtune has written; no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "augtune.cli", "methods"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child has imported anything, let alone printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
