@@ -187,11 +187,9 @@ class DiffAug(Augmentation):
             z_c = self.condition(method, batch.x)
             self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c).backward()
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                for p in params:  # average over DDP ranks, as the loop does for its own steps
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad)
-                    p.grad /= dist.get_world_size()
+                from augtune.trainables.loop import allreduce_gradients  # (loop imports methods)
+
+                allreduce_gradients(params, dist.get_world_size())  # as the loop does for its own steps
             if self.cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
             opt.step()
