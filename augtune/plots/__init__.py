@@ -104,6 +104,14 @@ class Run:
             self._method = method.to(device).eval()
         return self._method
 
+    def augmentation(self, name: str):
+        """The trained method's augmentation `name` (its generator, its MMNN, ...)."""
+        for aug in self.method.augments:
+            if aug.name == name:
+                return aug
+        raise PlotError(f"{self.path}: the run has no {name} augmentation (method.augment: "
+                        f"{list(self.cfg.method.augment)})")
+
     @property
     def device(self):
         return next(self.method.parameters()).device

@@ -19,13 +19,6 @@ _POSITIVES = 3  # Aug1..Aug3
 _CURVE_METRICS = ("knn_acc", "linear_acc", "sr_acc", "kmeans_nmi")
 
 
-def _diffaug(run):
-    for aug in run.method.augments:
-        if aug.name == "diffaug":
-            return aug
-    raise PlotError(f"{run.path}: the run has no diffaug augmentation")
-
-
 def _pick(y, n: int) -> list[int]:
     """The first test sample of each class, then the next ones: n positions."""
     y = np.asarray(y)
@@ -39,7 +32,7 @@ def _samples_figure(run, out: Path) -> Path:
     import matplotlib.pyplot as plt
     import torch
 
-    aug = _diffaug(run)
+    aug = run.augmentation("diffaug")
     data = run.data
     idx = _pick(data.y_test, _SHOW)
     x = data.x_test[idx].to(run.device)  # (S, *shape)

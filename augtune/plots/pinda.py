@@ -13,14 +13,6 @@ import torch
 from augtune.plots import PlotError, Run, run_stem, save
 
 
-def _pinda(run: Run):
-    for aug in run.method.augments:
-        if aug.name == "pinda":
-            return aug
-    raise PlotError(f"{run.path}: the run has no pinda augmentation (method.augment: "
-                    f"{list(run.cfg.method.augment)})")
-
-
 def _columns(y: torch.Tensor, n: int = 8) -> torch.Tensor:
     """Indices of the first test sample of each class, up to n."""
     first = [int((y == c).nonzero()[0]) for c in torch.unique(y)[:n]]
@@ -48,7 +40,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
 
     written = []
     for run in runs:
-        aug = _pinda(run)
+        aug = run.augmentation("pinda")
         if run.data.modality != "image":
             raise PlotError(f"{run.path}: the noise grid needs image data ({run.data.name} gives vectors)")
         cols = _columns(run.data.y_test)
