@@ -30,7 +30,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-import torchvision.transforms.v2.functional as TF
+
+from augtune.data.views import adjust_brightness, adjust_contrast, adjust_saturation, warp
 
 IMAGE_OPS = ("AutoContrast", "Brightness", "Color", "Contrast", "Rotate", "Equalize", "Identity",
              "Posterize", "Sharpness", "ShearX", "ShearY", "Solarize", "TranslateX", "TranslateY")
@@ -70,10 +71,6 @@ def sample_magnitude(op: str, n: int) -> torch.Tensor:
     if op in ("GaussianNoise", "Mask", "Scale", "Swap"):
         return 0.05 + 0.25 * torch.rand(n)
     return torch.zeros(n)
-
-
-def _grey(x: torch.Tensor) -> torch.Tensor:
-    return TF.rgb_to_grayscale(x, num_output_channels=x.shape[1]) if x.shape[1] == 3 else x
 
 
 def _smooth(x: torch.Tensor) -> torch.Tensor:
@@ -122,11 +119,6 @@ def _affine_theta(op: str, m: torch.Tensor) -> torch.Tensor:
     return theta
 
 
-def apply_affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-
-
 def apply_image_op(op: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """`op` on images x (n, C, H, W) in [0, 1] with magnitudes m (n,) on x's device."""
     f = m.to(x.dtype).view(-1, 1, 1, 1)
@@ -135,18 +127,19 @@ def apply_image_op(op: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     if op == "AutoContrast":
         lo, hi = x.amin(dim=(2, 3), keepdim=True), x.amax(dim=(2, 3), keepdim=True)
         return torch.where(hi > lo, (x - lo) / (hi - lo).clamp_min(1e-6), x)
-    if op in _ENHANCE:
-        if op == "Brightness":
-            deg = torch.zeros_like(x)
-        elif op == "Color":
-            deg = _grey(x)
-        elif op == "Contrast":
-            deg = _grey(x)[:, :1].mean(dim=(1, 2, 3), keepdim=True).expand_as(x)
-        else:
-            deg = _smooth(x)
+    # PIL's ImageEnhance: deg + f (x - deg), deg = black / grey / mean luma / smoothed; the view
+    # module's colour ops are these same blends
+    if op == "Brightness":
+        return adjust_brightness(x, m)
+    if op == "Color":
+        return adjust_saturation(x, m)
+    if op == "Contrast":
+        return adjust_contrast(x, m)
+    if op == "Sharpness":
+        deg = _smooth(x)
         return (deg + f * (x - deg)).clamp(0, 1)
     if op in _AFFINE:
-        return apply_affine(x, _affine_theta(op, m.to(x.dtype)))
+        return warp(x, _affine_theta(op, m.to(x.dtype)), padding_mode="zeros")  # black fill
     if op == "Posterize":
         shift = (8 - m).to(torch.int32).view(-1, 1, 1, 1)
         q = (x * 255).round().to(torch.int32)
@@ -224,6 +217,6 @@ def composite_views(x: torch.Tensor, lengths: tuple[int, ...], ops: tuple[str, .
         if affine_idx:
             idx_d = torch.cat(affine_idx).to(x.device, non_blocking=True)
             theta = torch.cat(affine_theta).to(x.device, non_blocking=True)  # (n, 2, 3)
-            out[idx_d] = apply_affine(views[idx_d], theta)
+            out[idx_d] = warp(views[idx_d], theta, padding_mode="zeros")
         views = out
     return views, counts.to(x.device)
