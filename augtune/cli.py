@@ -10,9 +10,12 @@ import argparse
 import datetime as _dt
 import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class UsageError(Exception):
@@ -20,7 +23,11 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from augtune import __version__
+
     p = argparse.ArgumentParser(prog="augtune", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"augtune {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="show Ray's and Tune's own messages too")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train and evaluate one config in this process")
@@ -37,18 +44,25 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("search", help="search a config's space with Ray Tune (+ Optuna, ASHA)")
     s.add_argument("config", help="YAML config with a `search` section")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("--address", help="join a Ray cluster: auto, or ray://host:port (default: a local Ray)")
-    s.add_argument("--storage", help="experiment storage: a folder (default ./results) or a URI (s3://, gs://)")
-    s.add_argument("--name", help="experiment name (default: <space>-<dataset>-<time>)")
-    s.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (off by default)")
+    _ray_job_args(s, "<space>-<dataset>-<time>")
     s.set_defaults(func=cmd_search)
 
-    r = sub.add_parser("resume", help="continue an interrupted search")
-    r.add_argument("experiment", help="the search's folder (<storage>/<name>)")
+    r = sub.add_parser("resume", help="continue an interrupted search or compare")
+    r.add_argument("experiment", help="the experiment's folder (<storage>/<name>)")
     r.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
     r.add_argument("--address", help="join a Ray cluster instead of starting a local one")
     r.set_defaults(func=cmd_resume)
+
+    c = sub.add_parser("compare", help="every method head to head under one budget: a verdict and a report")
+    c.add_argument("config", help="YAML config; its `compare` section sets the entrants, trials and seeds")
+    _ray_job_args(c, "compare-<dataset>-<time>")
+    c.set_defaults(func=cmd_compare)
+
+    im = sub.add_parser(
+        "importance", help="which hyperparameters mattered (Optuna's fANOVA, from the records)"
+    )
+    im.add_argument("experiment", help="a search or compare experiment folder")
+    im.set_defaults(func=cmd_importance)
 
     st = sub.add_parser("status", help="print a search's trials without starting Ray")
     st.add_argument("experiment")
@@ -58,63 +72,100 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("kind", help="which figure, e.g. pinda, umap, cocor, diffaug")
     pl.add_argument("paths", nargs="+", type=Path, metavar="RUN_DIR",
                     help="run folders, Ray trial folders or experiment folders (every run under them)")
-    pl.add_argument("--out", type=Path, help="folder for the figures (default: RUN_DIR/figures of the first path)")
+    pl.add_argument(
+        "--out", type=Path, help="folder for the figures (default: RUN_DIR/figures of the first path)"
+    )
     pl.set_defaults(func=cmd_plot)
 
     from augtune.analysis.export import add_parser as add_export
 
-    add_export(sub)
+    add_export(sub).set_defaults(func=cmd_export)
     return p
 
 
+def _ray_job_args(p: argparse.ArgumentParser, default_name: str) -> None:
+    """The options every job that runs on Ray takes (search, compare)."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--address", help="join a Ray cluster: auto, or ray://host:port (default: a local Ray)")
+    p.add_argument("--storage", help="experiment storage: a folder (default ./results) or a URI (s3://, gs://)")
+    p.add_argument("--name", help=f"experiment name (default: {default_name})")
+    p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (off by default)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from augtune.checks import check_config
     from augtune.config import ConfigError, load_config, method_label
     from augtune.data import DataError, load_dataset
-    from augtune.records import CHECKPOINT_FILE, CONFIG_FILE, RECORD_FILE
+    from augtune.plots import PLOTS, end_of_run_figures
+    from augtune.records import CONFIG_FILE, RECORD_FILE
     from augtune.trainables import NonFiniteLoss, train_run
+    from augtune.trainables.loop import CheckpointError
+    from augtune.trainables.run import RunFolderError, check_new_run_folder, check_resume
 
     config_path = args.config
     if args.resume:
         if args.out is None:
             raise UsageError("--resume needs --out, the run folder to continue")
-        if not (args.out / CHECKPOINT_FILE).is_file():
-            raise UsageError(f"--resume: no checkpoint at {args.out / CHECKPOINT_FILE}")
+        if not (args.out / RECORD_FILE).is_file():
+            raise UsageError(f"--resume: {args.out} holds no augtune run (no {RECORD_FILE})")
         config_path = config_path or args.out / CONFIG_FILE
     try:
-        cfg = load_config(config_path, args.overrides)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-    out = args.out or Path("runs") / f"{method_label(cfg)}-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
-    if not args.resume and (out / RECORD_FILE).exists():
-        raise UsageError(f"--out: {out} already holds a run; pass --resume to continue it or choose another folder")
-    try:
+        cfg = check_config(load_config(config_path, args.overrides), PLOTS)
+        out = (
+            args.out
+            or Path("runs") / f"{method_label(cfg)}-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+        )
+        if args.resume:
+            check_resume(out, cfg)
+        else:
+            check_new_run_folder(out)
         data = load_dataset(cfg.dataset)
-    except DataError as e:
+    except (ConfigError, RunFolderError, DataError) as e:
         raise UsageError(str(e)) from None
+    resume_hint = f"augtune train --resume --out {out}"
     print(f"{method_label(cfg)} on {cfg.dataset.name}: {len(data.x_train)} train / {len(data.x_test)} test, "
           f"{data.modality} {tuple(data.shape)}, {data.num_classes} classes -> {out}", flush=True)
     try:
-        record = train_run(cfg, data, out, resume=args.resume, log=lambda s: print(s, flush=True))
+        record = train_run(cfg, data, out, resume=args.resume, log=lambda s: print(s, flush=True),
+                           on_completed=end_of_run_figures)
+    except CheckpointError as e:
+        raise UsageError(f"--resume: {e}") from None
     except ValueError as e:  # a setup the config types cannot rule out (batch larger than the data, ...)
         raise UsageError(str(e)) from None
     except NonFiniteLoss as e:
         print(f"augtune: run failed: {e} (record: {out / RECORD_FILE})", file=sys.stderr)
         return 1
-    final = record["final"]
-    refs = record["references"]
-    if final:
-        width = max(len(k) for k in final)
-        head = f"{'metric':<{width}}  {'trained':>8}" + "".join(f"  {r:>11}" for r in refs)
-        print(head)
-        for k, v in final.items():
-            print(f"{k:<{width}}  {v:>8.4f}" + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
+    except KeyboardInterrupt:
+        print(f"augtune: interrupted; the record says so. Continue with: {resume_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        return _environment_error(e, f"while writing {e.filename or out}", resume_hint)
+    _print_final(record)
     print(f"record: {out / RECORD_FILE}")
     return 0
 
 
+def _print_final(record: dict) -> None:
+    """The final metrics beside the reference rows (`raw`, `random-init`)."""
+    final, refs = record["final"], record["references"]
+    if not final:
+        return
+    width = max(len(k) for k in final)
+    print(f"{'metric':<{width}}  {'trained':>8}" + "".join(f"  {r:>11}" for r in refs))
+    for k, v in final.items():
+        print(f"{k:<{width}}  {v:>8.4f}" + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
+
+
 def _final_table(exp_dir: str, cfg) -> None:
+    from augtune.search.storage import local_copy
+
+    with local_copy(exp_dir) as local:  # in cloud storage (s3://...): a copy of its records
+        _print_final_table(local, cfg)
+
+
+def _print_final_table(exp_dir: Path, cfg) -> None:
     from augtune.analysis import AnalysisError, comparison_table, load_runs
-    from augtune.search.launch import REPEAT_DIR
+    from augtune.records import REPEAT_DIR
 
     where = Path(exp_dir) / REPEAT_DIR
     where = where if where.is_dir() else Path(exp_dir)
@@ -131,34 +182,200 @@ def _final_table(exp_dir: str, cfg) -> None:
         print(f"augtune: no table: {e}")
 
 
+def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, title: str, verbose: bool) -> int:
+    """Run a search-like job with augtune's progress view and Ray's chatter in the experiment's log;
+    every way it can end becomes an exit code and, where it did not finish, one line saying why."""
+    from augtune.config import ConfigError
+    from augtune.search import SearchFailed, SearchInterrupted
+    from augtune.search.launch import LOG_FILE
+    from augtune.search.progress import Progress, quiet_ray
+
+    if verbose:
+        os.environ["AUGTUNE_VERBOSE"] = "1"
+    # Ray's own messages go to the experiment's log file; one kept in cloud storage logs to a local file
+    # named after it (a log appended line by line is no object to upload)
+    local_log = Path(tempfile.gettempdir()) / f"augtune-{experiment.rstrip('/').rsplit('/', 1)[-1]}.log"
+    quiet_ray(local_log if "://" in experiment else Path(experiment) / LOG_FILE, verbose)
+    s = cfg.search
+    progress = Progress(s.metric, s.mode, s.num_samples if s.algorithm == "optuna" else None, title=title)
+    try:
+        run([progress])
+    except ConfigError as e:  # the cluster cannot hold one trial, or the folder is in use
+        raise UsageError(str(e)) from None
+    except (SearchInterrupted, KeyboardInterrupt):
+        print(f"\naugtune: interrupted; finished trials are kept. Continue with: augtune resume {experiment}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SearchFailed as e:
+        print(f"augtune: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # Tune wraps what failed in its own errors: a full disk is said in one line
+        cause = _os_error(e) or _full_disk(experiment)
+        if cause is None:
+            raise
+        return _environment_error(cause, f"({cause.filename or experiment})", f"augtune resume {experiment}")
+    return 0
+
+
+def _full_disk(experiment: str) -> OSError | None:
+    """A full disk under a local experiment, as an OSError: Tune can fail on what a full disk did to its own
+    files (an empty error file it then cannot unpickle) rather than on the disk itself."""
+    import errno
+    import shutil
+
+    if "://" in experiment:
+        return None
+    try:
+        free = shutil.disk_usage(
+            next(p for p in (Path(experiment), *Path(experiment).parents) if p.exists())
+        ).free
+    except (OSError, StopIteration):
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), experiment) if free < 1 << 20 else None
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError that `e` is, or that caused it (Tune re-raises its trials' and callbacks' errors)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _environment_error(e: OSError, where: str, resume: str) -> int:
+    """One line for a failure of the machine (a full disk, a folder gone): what, where, how to continue.
+    Writers that flush once more at exit (TensorBoard's event file) would repeat a full disk as a
+    traceback; that one is said already."""
+    from augtune.trainables.run import is_disk_full
+
+    what = "no space left on device" if is_disk_full(e) else (e.strerror or type(e).__name__).lower()
+    print(f"augtune: error: {what} {where}; when that is fixed, continue with: {resume}", file=sys.stderr)
+    if is_disk_full(e):
+        default = sys.unraisablehook
+
+        def quiet(unraisable) -> None:
+            if not (isinstance(unraisable.exc_value, OSError) and is_disk_full(unraisable.exc_value)):
+                default(unraisable)
+
+        sys.unraisablehook = quiet
+    return 1
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError
+    from augtune.plots import PLOTS, end_of_run_figures
     from augtune.search import plan_search, run_search
 
     try:
         plan = plan_search(args.config, args.overrides, storage=args.storage, name=args.name,
-                           address=args.address, dashboard=args.dashboard)
+                           address=args.address, dashboard=args.dashboard, figure_kinds=PLOTS)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    try:
-        run_search(plan)
-    except ConfigError as e:  # the cluster cannot hold one trial: found after connecting
-        raise UsageError(str(e)) from None
-    _final_table(plan.experiment, plan.cfg)
-    print(f"experiment: {plan.experiment}")
-    return 0
+    code = _run_on_ray(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
+                       plan.experiment, plan.cfg, "search", args.verbose)
+    if code == 0:
+        _final_table(plan.experiment, plan.cfg)
+        print(f"experiment: {plan.experiment}")
+    return code
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError
+    from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
+    from augtune.search.compare import is_compare, load_compare, run_compare
 
     try:
+        if is_compare(args.experiment):
+            plan = load_compare(args.experiment, address=args.address)
+            return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures,
+                                                                callbacks=cb), args.verbose)
         plan = load_plan(args.experiment, address=args.address)
-        resume_search(plan, restart_errored=args.restart_errored)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    _final_table(plan.experiment, plan.cfg)
+    code = _run_on_ray(lambda cb: resume_search(plan, restart_errored=args.restart_errored,
+                                                on_completed=end_of_run_figures, callbacks=cb),
+                       plan.experiment, plan.cfg, "search", args.verbose)
+    if code == 0:
+        _final_table(plan.experiment, plan.cfg)
+    return code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from augtune.checks import check_config
+    from augtune.config import ConfigError, load_config
+    from augtune.data import DataError, load_dataset
+    from augtune.plots import PLOTS, end_of_run_figures
+    from augtune.search.compare import plan_compare, run_compare
+    from augtune.search.plan import check_name, resolve_storage
+
+    try:
+        cfg = check_config(load_config(args.config, args.overrides), PLOTS)
+        modality = load_dataset(cfg.dataset).modality
+        storage = resolve_storage(args.storage)
+        name = check_name(args.name or f"compare-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+        if "://" not in storage and (Path(storage) / name).exists():
+            raise ConfigError(
+                f"--name: {Path(storage) / name} already exists; continue it with `augtune resume "
+                f"{Path(storage) / name}` or choose another name"
+            )
+        plan = plan_compare(cfg, modality, storage=storage, name=name, address=args.address,
+                            dashboard=args.dashboard, figure_kinds=PLOTS)
+    except (ConfigError, DataError) as e:
+        raise UsageError(str(e)) from None
+    print(f"compare {plan.experiment}: {len(plan.labels)} entrants ({', '.join(plan.labels)}), "
+          f"{cfg.compare.trials} trials each, best re-run on {cfg.compare.seeds} seeds", flush=True)
+    return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
+                           args.verbose)
+
+
+def _finish_compare(plan, run, verbose: bool) -> int:
+    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, "compare", verbose)
+    if code == 0:
+        _compare_verdict(plan.experiment)
+        print(f"experiment: {plan.experiment}")
+    return code
+
+
+def _compare_verdict(exp_dir: str) -> None:
+    """The verdict of a compare experiment, its importances and the report's path (from records on disk)."""
+    from augtune.analysis.compare import answer
+
+    result = answer(exp_dir)
+    print(result.verdict.render("md"))
+    print("which hyperparameters mattered:")
+    for line in result.importances.values():
+        print(f"  {line}")
+    print(f"report: {result.report}")
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    """Hyperparameter importances of a search, or of each entrant of a compare experiment."""
+    import json
+
+    from augtune.analysis.compare import is_compare
+    from augtune.analysis.importance import format_importances, importances
+    from augtune.records import SEARCH_FILE, read_search_file
+
+    exp = Path(args.experiment)
+    folders = sorted(p.parent for p in exp.glob("*/augtune_search.yaml")) if is_compare(exp) else [exp]
+    if not folders or not all((f / SEARCH_FILE).is_file() for f in folders):
+        raise UsageError(f"{exp}: not an augtune search or compare folder")
+    for folder in folders:
+        try:
+            search = read_search_file(folder)["config"]["search"]
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        records = []
+        for path in sorted(folder.glob("*/record.json")):
+            try:
+                records.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        print(format_importances(folder.name, importances(records, search["metric"], search["mode"])))
     return 0
 
 
@@ -166,7 +383,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from augtune.search.status import format_status
 
     try:
-        print(format_status(Path(args.experiment)))
+        print(format_status(args.experiment))  # a folder or a URI: not through Path, which folds `s3://`
     except ValueError as e:
         raise UsageError(str(e)) from None
     return 0
@@ -187,6 +404,33 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for f in files:
         print(f"wrote {f}")
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`augtune export`: the table is made in `augtune.analysis`; its errors are one line here."""
+    import contextlib
+
+    from augtune.analysis import AnalysisError
+    from augtune.analysis.export import cmd_export as export
+    from augtune.search.storage import StorageError, argument, is_uri, local_copy
+
+    # an experiment in cloud storage (s3://...) is tabulated from a local copy of its records: the
+    # analysis reads local folders only; its messages name the URI, not the copy
+    shown: dict[str, str] = {}
+    try:
+        with contextlib.ExitStack() as copies:
+            paths = []
+            for given in map(argument, args.paths):
+                local = copies.enter_context(local_copy(given)) if is_uri(given) else Path(given)
+                shown[str(local)] = given
+                paths.append(local)
+            args.paths = paths
+            return export(args)
+    except (AnalysisError, StorageError) as e:
+        message = str(e)
+        for local, given in shown.items():
+            message = message.replace(local, given)
+        raise UsageError(message) from None
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -211,6 +455,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(f"  {name:<14} {doc(fn)}")
     from augtune.plots import PLOTS, describe
 
+    from augtune.spaces import SPACES
+
+    print("search spaces (search.space):")
+    for name, space in SPACES.items():
+        keys = sorted(k for k in space.params if k not in ("method.base", "method.augment"))
+        print(f"  {name:<14} {', '.join(keys) if keys else 'conditional (define-by-run)'}")
     print("figures (augtune plot KIND RUN_DIR):")
     for kind in PLOTS:
         print(f"  {kind:<14} {describe(kind)}")

@@ -2,14 +2,15 @@
 
 Every section is a frozen dataclass; a field's metadata carries its range or choices. Loading
 refuses unknown keys, wrong types and out-of-range values with one line such as
-``train.lr: expected a number > 0, got -1``. Names that live in registries (datasets, methods)
-are checked by :func:`check_names`, which imports the registries lazily so that this module stays
-importable from everywhere.
+``train.lr: expected a number > 0, got -1``. This module is the ground floor: it imports no other
+augtune module. Names that live in registries (datasets, methods, metrics, figures) and rules that
+need a parser of their own (phase schedules) are checked one floor up, by :mod:`augtune.checks`.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,15 @@ import yaml
 
 class ConfigError(ValueError):
     """A config problem, phrased as one line that names the dotted key."""
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 40, 40
+
+
+def short(value: Any) -> str:
+    """A bounded repr for error messages: a value can be huge (a YAML anchor bomb expands to billions)."""
+    return _REPR.repr(value)
 
 
 def _f(default: Any, *, min: float | None = None, max: float | None = None,
@@ -44,13 +54,29 @@ class DatasetConfig:
     max_train: Optional[int] = _f(None, min=1)  # stratified, seeded subsample (smoke runs, budgets)
     max_test: Optional[int] = _f(None, min=1)
     standardize: bool = True  # vectors: z-score each feature with train statistics (PiNDA B.2 "rescale")
+    # imagefolder: side in px of the square every image is resized (shorter side) and centre-cropped to;
+    # training views are random resized crops at this size. 64: Tiny-ImageNet's own; ImageNet-100 (CoCor): 224
+    image_size: int = _f(64, min=8)
+    # imagefolder: memory decodes every image once into uint8 (N x 3 x S x S bytes, shared per node);
+    # none streams them from the files, decoded per batch in `workers` processes (sets larger than memory)
+    cache: Literal["memory", "none"] = "memory"
+    workers: int = _f(2, min=0, max=256)  # imagefolder: DataLoader processes decoding images; 0: in the trial
+    # stl10: pre-train on train + the 100k unlabelled images (evaluation: labelled splits)
+    unlabeled: bool = False
+    # one memory-mapped copy of the prepared data per node, shared by concurrent trials (and reused by the
+    # next run) instead of one copy per trial; false: each process reads and holds its own
+    shared: bool = True
+    # where that copy lives (absolute); None: $XDG_CACHE_HOME/augtune/shared. Point it at a node-local disk
+    # when the home folder is a network share
+    shared_dir: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class ViewConfig:
     # auto: `simclr` for images, `noise` for vectors (PiNDA's "Random Noise" baseline view)
     name: Literal["auto", "simclr", "identity", "noise", "mask", "noise_mask"] = "auto"
-    crop_scale: tuple[float, ...] = (0.2, 1.0)  # SimCLR uses 0.08 on ImageNet; 8x8 digits lose the digit below ~0.2
+    # SimCLR uses 0.08 on ImageNet; 8x8 digits lose the digit below ~0.2
+    crop_scale: tuple[float, ...] = (0.2, 1.0)
     flip_p: float = _f(0.5, min=0, max=1)
     jitter: float = _f(0.4, min=0)  # brightness/contrast/saturation strength (SimCLR CIFAR: 0.4)
     hue: float = _f(0.1, min=0, max=0.5)
@@ -73,6 +99,8 @@ class ModelConfig:
     proj_hidden_dim: int = _f(256, min=1)  # projector 256 -> 128 as PiNDA B.2
     proj_dim: int = _f(128, min=1)
     pred_hidden_dim: int = _f(512, min=1)  # BYOL/SimSiam predictor bottleneck
+    # DDP on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each rank's slice
+    sync_bn: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,13 +109,17 @@ class MethodConfig:
     augment: tuple[str, ...] = ()  # augmentation methods stacked on the base, in order
     momentum: Optional[float] = _f(None, min=0, max=1)  # EMA start; None: BYOL 0.99, MoCo 0.99 (short runs)
     queue_size: int = _f(4096, min=1)  # MoCo negatives; MoCo v2 uses 65536 on ImageNet
+    # BYOL/MoCo target's BatchNorm running statistics: own, updated by the target's own forward passes as
+    # in BYOL's, MoCo's and lightly's code; online, copied from the online network after every step. They
+    # matter only where the target runs in eval mode (eval.encoder: target, NRCC's SGHMC density)
+    target_bn: Literal["own", "online"] = "own"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = _f(20, min=1)
     batch_size: int = _f(256, min=2)  # global: split across DDP ranks
-    lr: float = _f(1e-3, min=0, min_open=True)  # PiNDA B.4: Adam 1e-3
+    lr: float = _f(1e-3, min=0, max=100, min_open=True)  # PiNDA B.4: Adam 1e-3
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     weight_decay: float = _f(1e-6, min=0)
     momentum: float = _f(0.9, min=0, max=1)  # SGD only
@@ -100,13 +132,21 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     grad_clip: Optional[float] = _f(None, min=0, min_open=True)
-    checkpoint_every: int = _f(1, min=0)  # epochs between checkpoints; 0: only the last
+    # epochs between checkpoints (0: only the last), or a wall time such as "5min", "30s", "1h" (a checkpoint
+    # when that long has passed since the last one; the last epoch always gets one); None: 1 epoch for
+    # `augtune train`, 5min for a search's trials (a checkpoint of a short epoch can cost more than the epoch)
+    checkpoint_every: Union[int, str, None] = _f(None, min=0)
     num_threads: Optional[int] = _f(None, min=1)  # torch intra-op threads; None: torch's choice
+    # GPU switches, numerically the same training (tested on the CPU; their speed-up measured only on a GPU):
+    channels_last: bool = False  # images in NHWC memory order: faster convolutions on tensor cores
+    compile: bool = False  # torch.compile of the backbone (nn.Module.compile: checkpoints keep their keys)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = _f(1, min=0)  # epochs between `epoch_metrics`; 0: only at the end
+    # epochs between `epoch_metrics`; 0: only at the end (and `at`). None: every epoch in `augtune train`
+    # (its progress lines), only where a scheduler reads them in a search (its rungs; see `at`)
+    every: Optional[int] = _f(None, min=0)
     epoch_metrics: tuple[str, ...] = ("knn",)  # cheap ones, reported per epoch (schedulers use them)
     metrics: tuple[str, ...] = ("knn", "sr", "linear", "kmeans")  # at the end of the run
     references: bool = True  # also evaluate the `raw` input and the `random-init` backbone
@@ -115,7 +155,17 @@ class EvalConfig:
     sr_lr: float = _f(1e-3, min=0, min_open=True)
     sr_batch_size: int = _f(256, min=1)
     linear_val_fraction: float = _f(0.2, min=0, max=1, min_open=True, max_open=True)
-    batch_size: int = _f(1024, min=1)  # feature extraction
+    # feature extraction; None: 256 on a CPU (measured 1.7-1.9x faster than 1024 there), 1024 on a GPU
+    batch_size: Optional[int] = _f(None, min=1)
+    # epochs (1-based) at which `epoch_metrics` are evaluated besides every `every`: a scheduler's rungs
+    # (a search sets them; the last epoch always gets the full evaluation)
+    at: tuple[int, ...] = ()
+    # per-epoch metrics on a fixed, seeded subsample of at most this many train and test samples (the
+    # end-of-run evaluation uses all of them); None: every sample every time
+    monitor_size: Optional[int] = _f(10000, min=1)
+    # folder where `raw` (per data set) and `random-init` (per data set, model and seed) are kept once
+    # computed, for every later run with the same inputs; None: computed in every run
+    reference_cache: Optional[str] = None
     # Whose features are evaluated. target: the EMA copy of a momentum base (BYOL, MoCo), as NRCC
     # 3.6.2 keeps only BYOL's target encoder; the online one is what every other paper evaluates.
     # target_if_any: target for a momentum base, online otherwise (one setting for a grid of bases).
@@ -133,8 +183,10 @@ class EvalConfig:
     umap_neighbors: int = _f(30, min=2)
     umap_min_dist: float = _f(0.0, min=0)
     umap_metric: Literal["cosine", "euclidean"] = "cosine"
-    cluster_bandwidth: Optional[float] = _f(None, min=0, min_open=True)  # GridShift cell side / MeanShift radius; None: auto
-    cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # auto bandwidth: below the smallest class share
+    # GridShift cell side / MeanShift radius; None: auto
+    cluster_bandwidth: Optional[float] = _f(None, min=0, min_open=True)
+    # auto bandwidth: below the smallest class share
+    cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)
 
 
 # -- the augmentation methods' own sections: one per paper (hyperparameter names as DESIGN.md) --------
@@ -143,17 +195,22 @@ class EvalConfig:
 class PiNDAConfig:
     mu: Literal["zero", "learned"] = "zero"  # PiNDA Fig. 1: mu fixed at 0, only Sigma learned
     noise: Literal["gaussian", "uniform"] = "gaussian"  # N(mu, Sigma) or U(-u, u) pi-noise (3.4)
-    generator: Literal["auto", "mlp", "resnet18", "unet"] = "auto"  # auto: mlp for vectors, resnet18 for images (4.2)
-    penalty: float = _f(1.0, min=0)  # weight of 1 / mean ||eps|| (App. B.4); 0 lets the noise shrink to nothing
+    # auto: mlp for vectors, resnet18 for images (4.2)
+    generator: Literal["auto", "mlp", "resnet18", "unet"] = "auto"
+    # weight of 1 / mean ||eps|| (App. B.4); 0 lets the noise shrink to nothing
+    penalty: float = _f(1.0, min=0)
     # Which view slots get the pi-noise view x + eps. pair: Alg. 1, view 1 is x + eps, view 2 is a(x)
     # (PiNDA as the only augmentation); uniform: Alg. 2, each slot draws one member of {a, PiNDA}
     # (probability 1/2 each); auto: pair when view.name is identity, else uniform.
     draw: Literal["auto", "pair", "uniform"] = "auto"
     width: int = _f(32, min=1)  # unet generator: channels of its first level (Table 6 uses a U-Net)
     # The paper's non-vision baselines (App. B.2), augmentation methods of their own:
-    simcl_eta: float = _f(0.5, min=0)  # simcl: norm of the added unit-direction noise as a fraction of ||h|| (B.2 gives no scale)
-    clae_eps: float = _f(0.1, min=0, min_open=True)  # clae: L-inf budget in input units (standardised vectors; images in [0, 1]: try 8/255)
-    clae_steps: int = _f(1, min=1)  # clae: ascent steps (1: FGSM as CLAE; more: PGD with step eps / steps * 2.5)
+    # simcl: norm of the added unit-direction noise as a fraction of ||h|| (B.2 gives no scale)
+    simcl_eta: float = _f(0.5, min=0)
+    # clae: L-inf budget in input units (standardised vectors; images in [0, 1]: try 8/255)
+    clae_eps: float = _f(0.1, min=0, min_open=True)
+    # clae: ascent steps (1: FGSM as CLAE; more: PGD with step eps / steps * 2.5)
+    clae_steps: int = _f(1, min=1)
 
 
 @dataclass(frozen=True)
@@ -165,9 +222,12 @@ class NRCCConfig:
     delta3: float = _f(0.99, min=0)  # SGHMC noise scale (0.99)
     steps: int = _f(1, min=0)  # zeta, SGHMC iterations (1)
     negatives: Literal["sghmc", "augment"] = "sghmc"  # augment: the "NRCC w/o SGHMC" ablation (Table 2)
-    # eq. 18 moves s with the momentum *before* its update, so with steps: 1 the gradient of eq. 17 is
-    # never used (s1 = s0 + delta2 r0); momentum_first uses the updated momentum (textbook SGHMC).
-    order: Literal["paper", "momentum_first"] = "paper"
+    # momentum_first: move with the updated momentum, as the official code and textbook SGHMC do;
+    # paper: eq. 18 read literally moves with the momentum *before* its update, so with steps: 1 the
+    # gradient of eq. 17 is never used (s1 = s0 + delta2 r0)
+    order: Literal["paper", "momentum_first"] = "momentum_first"
+    # the density's gradient is clipped element-wise to [-grad_clip, grad_clip] (official code: 1); null: not
+    grad_clip: Optional[float] = _f(1.0, min=0, min_open=True)
 
 
 @dataclass(frozen=True)
@@ -176,17 +236,22 @@ class CoCorConfig:
     pool: Literal["all", "color", "affine"] = "all"  # basic augmentations the composites draw from (5.4)
     consistency: Literal["softplus", "abs"] = "softplus"  # App. A (batch means) or eq. 2 (per sample)
     mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
-    meta: Literal["finite_difference", "exact"] = "finite_difference"  # App. B eq. 20, or autograd through the step
-    label_fraction: float = _f(0.01, min=0, max=1, min_open=True)  # labelled part of train for the MMNN update
-    meta_batch: int = _f(64, min=1)  # samples per length in the MMNN update: its gradient is a batch mean, a subsample keeps it cheap
+    # App. B eq. 20, or autograd through the step
+    meta: Literal["finite_difference", "exact"] = "finite_difference"
+    # labelled part of train for the MMNN update
+    label_fraction: float = _f(0.01, min=0, max=1, min_open=True)
+    # samples per length in the MMNN update: its gradient is a batch mean, a subsample keeps it cheap
+    meta_batch: int = _f(64, min=1)
     meta_every: int = _f(1, min=1)  # MMNN + classifier update every this many steps (Alg. 1: every step)
-    view_fraction: float = _f(1.0, min=0, max=1, min_open=True)  # part of each batch given composite views (paper: all); < 1 trades the loss's batch means for time
+    # part of each batch given composite views (paper: all); < 1 trades the loss's batch means for time
+    view_fraction: float = _f(1.0, min=0, max=1, min_open=True)
 
 
 @dataclass(frozen=True)
 class DiffAugConfig:
     lam: float = _f(0.1, min=0, max=1)  # probability a positive is replaced by a generated one (3.6)
-    schedule: str = "A:200,B:400,A:800"  # A: encoder steps, B: generator steps (Alg. 1); sync: both every step
+    # A: encoder steps, B: generator steps (Alg. 1); sync: both every step
+    schedule: str = "A:200,B:400,A:800"
     steps: int = _f(1000, min=1)  # diffusion steps T (DDPM)
     nu_y: float = _f(100.0, min=0, min_open=True)  # t-kernel degrees of freedom on the high-dimensional y
     nu_z: float = _f(0.01, min=0, min_open=True)  # ... and on the low-dimensional z
@@ -194,20 +259,29 @@ class DiffAugConfig:
     # value: 1 makes e^alpha kappa_100(0) = 1.08 >= 1, so positives get P = 1 (clamped), as the official
     # code's normalisation gives them
     alpha: float = _f(1.0, min=0)
-    # strided (DDIM, eta = 1) steps for the generation during training; None: ancestral over all T
+    # evenly strided steps of the ancestral sampler (a DDPM on the respaced chain, not DDIM) for the
+    # generation during training and in figures; None: all T steps
     sample_steps: Optional[int] = _f(50, min=1)
+    # sigma_t^2 of each ancestral step (eq. 7 leaves it open; DDPM's two choices): beta, the respaced chain's
+    # beta ("fixed large"); posterior, q(x_prev | x_t, x0)'s beta_tilde ("fixed small", = DDIM eta 1). On a
+    # strided chain beta can be ~60x beta_tilde: with an exact predictor beta spreads samples wider than
+    # the data, posterior narrower (README: DiffAug, sampler)
+    sample_variance: Literal["beta", "posterior"] = "beta"
     # clamp the predicted clean sample to the data's range while sampling (DDPM's clip_denoised): images
     # [0, 1], vectors each feature's training min..max; false lets sampling error carry samples anywhere
     clip: bool = True
-    denoiser: Literal["auto", "mlp", "unet"] = "auto"  # auto: App. E residual MLP for vectors, App. D U-Net for images
+    # auto: App. E residual MLP for vectors, App. D U-Net for images
+    denoiser: Literal["auto", "mlp", "unet"] = "auto"
     gen_hidden: int = _f(2000, min=1)  # residual MLP's hidden width (App. E Listing 2: mid_dim=2000)
     gen_width: int = _f(16, min=1)  # U-Net channels of the first stage (App. D Listing 1: 16)
     # Generator updates per batch in B-steps (each with fresh t and noise). 1 is Alg. 1; a small data set
     # gives a B-phase too few steps for a DDPM (digits: 4 a epoch), and an under-trained denoiser's
-    # samples blow up by up to 1/sqrt(abar_T) ~ 150
-    gen_steps: int = _f(1, min=1)
+    # samples blow up by up to 1/sqrt(abar_T) ~ 150. None: as many as give the whole run's B-phases
+    # about 800 generator updates (at most 32 per batch; 1 where the data alone gives that many)
+    gen_steps: Optional[int] = _f(None, min=1)
     gen_lr: Optional[float] = _f(None, min=0, min_open=True)  # generator's Adam lr; None: train.lr
-    ema: float = _f(0.999, min=0, max=1, max_open=True)  # EMA of the generator used for sampling (warm-up (1+n)/(10+n))
+    # EMA of the generator used for sampling (warm-up (1+n)/(10+n))
+    ema: float = _f(0.999, min=0, max=1, max_open=True)
     # A-step loss: scl, the soft contrastive loss (eq. 2, the paper's default); base, the base objective's
     # own loss (Table 5 B3, "DiffAug w/o L_scl", InfoNCE with SimCLR)
     objective: Literal["scl", "base"] = "scl"
@@ -225,6 +299,9 @@ class SearchConfig:
     # a registered space (`simclr`, `pinda`, ...) or an inline mapping {dotted key: domain}, e.g.
     # {train.lr: "loguniform(1e-4, 1e-1)", method.base: "choice([simclr, byol])"}
     space: Union[str, dict, None] = None
+    # dotted keys the space must not vary: they keep this config's value in every trial (e.g. a registered
+    # space's batch size, or method.base to put a method's space on another base)
+    hold: tuple[str, ...] = ()
     algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna: TPE, seeded by `seed`
     seed: int = 0
     num_samples: int = _f(4, min=1)  # trials (grid: repeats of the whole grid)
@@ -235,15 +312,38 @@ class SearchConfig:
     reduction_factor: float = _f(2.0, min=1, min_open=True)
     max_concurrent: Optional[int] = _f(None, min=1)  # None: as many as the resources allow
     max_failures: int = _f(2, min=0)  # retries of a failed trial (a lost node), from its checkpoint
+    keep_checkpoints: int = _f(1, min=1)  # a trial's newest checkpoints kept (earlier ones deleted)
+    # Ray Tune's logger callbacks: tensorboard (Tune's default), wandb and mlflow (extras augtune[wandb],
+    # augtune[mlflow]); trials and repeat runs are named by method and phase. []: Tune's CSV/JSON only
+    loggers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = ("tensorboard",)
     repeat_best: RepeatBestConfig = field(default_factory=RepeatBestConfig)
 
 
 @dataclass(frozen=True)
+class CompareConfig:
+    """`augtune compare`: every entrant searched under the same budget, its best re-run on new seeds."""
+    # entrants by augmentation method, `base` for the base alone; None: every method that applies to the
+    # data's modality (images: base, pinda, nrcc, cocor, diffaug; vectors add random_noise, simcl, clae)
+    methods: Optional[tuple[str, ...]] = None
+    bases: Optional[tuple[str, ...]] = None  # None: (method.base,); [simclr, byol, moco, simsiam] for all
+    trials: int = _f(4, min=1)  # per entrant: Optuna TPE over its own space, the papers' defaults first
+    seeds: int = _f(3, min=1)  # the best configuration re-run on train.seed + 1 .. + seeds (shared by all)
+    scheduler: Literal["asha", "none"] = "asha"  # early stopping inside each entrant's search
+    alpha: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # significance level of the verdict
+    metrics: tuple[str, ...] = ("knn_acc",)  # the verdict's columns; the first one is what is searched
+
+
+@dataclass(frozen=True)
 class ResourcesConfig:
-    num_workers: int = _f(1, min=1)  # DDP workers per trial; 1: the loop runs inside the trial itself
+    # DDP workers per trial; 1: the loop runs inside the trial itself
+    num_workers: int = _f(1, min=1, max=4096)
     use_gpu: bool = False
-    cpus_per_worker: float = _f(1.0, min=0, min_open=True)
-    gpus_per_worker: float = _f(0.0, min=0)  # 0 with use_gpu: one GPU per worker
+    # a bound: Ray and torch take it as given
+    cpus_per_worker: float = _f(1.0, min=0, max=1024, min_open=True)
+    gpus_per_worker: float = _f(0.0, min=0, max=64)  # 0 with use_gpu: one GPU per worker
+
+
+_METHOD = {"method_section": True}  # field metadata of a section named after an augmentation method
 
 
 @dataclass(frozen=True)
@@ -254,11 +354,13 @@ class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    pinda: PiNDAConfig = field(default_factory=PiNDAConfig)
-    nrcc: NRCCConfig = field(default_factory=NRCCConfig)
-    cocor: CoCorConfig = field(default_factory=CoCorConfig)
-    diffaug: DiffAugConfig = field(default_factory=DiffAugConfig)
+    # an augmentation method's own section (`_METHOD`): only runs of that method read its keys
+    pinda: PiNDAConfig = field(default_factory=PiNDAConfig, metadata=_METHOD)
+    nrcc: NRCCConfig = field(default_factory=NRCCConfig, metadata=_METHOD)
+    cocor: CoCorConfig = field(default_factory=CoCorConfig, metadata=_METHOD)
+    diffaug: DiffAugConfig = field(default_factory=DiffAugConfig, metadata=_METHOD)
     search: SearchConfig = field(default_factory=SearchConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
@@ -302,47 +404,21 @@ def _freeze(value: Any) -> Any:
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    bad = ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
+    """`value` as the type `tp` of the field `key`, or a one-line ConfigError naming both."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{key}: expected {_describe(tp)}, got {short(value)}")
     if origin in (typing.Union, types.UnionType):
-        if value is None and _NONE in args:
-            return None
-        for a in args:
-            if a is not _NONE:
-                try:
-                    return _coerce(key, value, a)
-                except ConfigError:
-                    pass
-        raise bad
+        return _coerce_union(key, value, typing.get_args(tp), bad)
     if origin is Literal:
-        if value not in args:
+        if value not in typing.get_args(tp):
             raise bad
         return value
     if origin is tuple:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and args[0] is not float:
-            value = [value]  # `augment: pinda` means `[pinda]`
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return value
+        return _coerce_tuple(key, value, typing.get_args(tp)[0], bad)
     if tp is float:
-        if isinstance(value, str):  # PyYAML reads `1e-3` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise bad
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
+        return _coerce_float(key, value, bad)
+    if tp in _PLAIN:
+        if not _PLAIN[tp](value):
             raise bad
         return value
     if tp is dict:  # a free mapping (an inline search space), checked by its own reader
@@ -352,27 +428,76 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported config type {tp} for {key}")
 
 
+# the types a value must already have (YAML gives them): no bool for an int, no number for a string
+_PLAIN = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
+
+
+def _coerce_union(key: str, value: Any, args: tuple, bad: ConfigError) -> Any:
+    if value is None and _NONE in args:
+        return None
+    for a in args:
+        if a is not _NONE:
+            try:
+                return _coerce(key, value, a)
+            except ConfigError:
+                pass
+    raise bad
+
+
+def _coerce_tuple(key: str, value: Any, item: Any, bad: ConfigError) -> tuple:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool) and item is not float:
+        value = [value]  # `augment: pinda` means `[pinda]`
+    if not isinstance(value, (list, tuple)):
+        raise bad
+    return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
+
+
+def _coerce_float(key: str, value: Any, bad: ConfigError) -> float:
+    if isinstance(value, str):  # PyYAML reads `1e-3` (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            raise bad from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise bad from None
+    if not math.isfinite(value):  # .inf trains nothing, NaN compares false with every bound
+        raise ConfigError(f"{key}: expected a finite number, got {value}")
+    return value
+
+
 def _check_range(key: str, value: Any, meta: dict) -> None:
     if value is None or isinstance(value, (tuple, str, bool)):
         return
     lo, hi = meta.get("min"), meta.get("max")
     if lo is not None and (value <= lo if meta.get("min_open") else value < lo):
-        raise ConfigError(f"{key}: expected a number {'>' if meta.get('min_open') else '>='} {lo}, got {value}")
+        raise ConfigError(
+            f"{key}: expected a number {'>' if meta.get('min_open') else '>='} {lo}, got {value}"
+        )
     if hi is not None and (value >= hi if meta.get("max_open") else value > hi):
-        raise ConfigError(f"{key}: expected a number {'<' if meta.get('max_open') else '<='} {hi}, got {value}")
+        raise ConfigError(
+            f"{key}: expected a number {'<' if meta.get('max_open') else '<='} {hi}, got {value}"
+        )
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {short(data)}")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for k in data:
         if k not in known:
             where = f"{prefix}.{k}" if prefix else str(k)
-            raise ConfigError(f"{where}: unknown key (known: {', '.join(known)})")
+            raise ConfigError(f"{where[:80]}: unknown key (known: {', '.join(known)})")
     kwargs = {}
     for name, f in known.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -388,35 +513,53 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return obj
 
 
+_DURATION = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """`"5min"` -> 300.0 seconds; `"30s"`, `"1.5h"`; ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|min|m|h)\s*", text)
+    if not m:
+        raise ValueError(
+            f"expected a number of epochs or a duration such as 30s, 5min, 1h; got {short(text)}"
+        )
+    return float(m.group(1)) * _DURATION[m.group(2)]
+
+
 def _validate_section(obj: Any, prefix: str) -> None:
     """Cross-field rules that a single field's type and range cannot say."""
+    if isinstance(obj, TrainConfig) and isinstance(obj.checkpoint_every, str):
+        try:
+            parse_duration(obj.checkpoint_every)
+        except ValueError as e:
+            raise ConfigError(f"{prefix}.checkpoint_every: {e}") from None
+    if isinstance(obj, DatasetConfig):
+        _validate_dataset(obj, prefix)
     if isinstance(obj, ViewConfig):
         lo_hi = obj.crop_scale
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
-            raise ConfigError(f"{prefix}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got {list(lo_hi)}")
-    if isinstance(obj, TrainConfig):
-        if obj.phases:
-            from augtune.trainables.phases import parse_phases  # the parser is the loop's
-            try:
-                parse_phases(obj.phases, obj.epochs)
-            except ValueError as e:
-                raise ConfigError(f"{prefix}.phases: {e}") from None
-    if isinstance(obj, DiffAugConfig) and obj.schedule.strip() != "sync":
-        from augtune.trainables.phases import parse_phases, phase_names
+            raise ConfigError(
+                f"{prefix}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got {list(lo_hi)}"
+            )
 
-        try:
-            parse_phases(obj.schedule, 1)
-        except ValueError as e:
-            raise ConfigError(f"{prefix}.schedule: {e}, or sync") from None
-        if not obj.schedule.strip():
-            raise ConfigError(f"{prefix}.schedule: expected NAME:EPOCHS[,NAME:EPOCHS...] such as A:200,B:400,A:800, "
-                              "or sync; got an empty string")
-        names = phase_names(obj.schedule)
-        if names - {"A", "B"}:
-            raise ConfigError(f"{prefix}.schedule: phases are A (encoder) and B (generator), got "
-                              f"{sorted(names - {'A', 'B'})} in {obj.schedule!r}; or sync (both every step)")
-        if "A" not in names:
-            raise ConfigError(f"{prefix}.schedule: {obj.schedule!r} has no A phase, so the encoder would never train")
+
+def _validate_dataset(d: DatasetConfig, prefix: str) -> None:
+    # the names below are data sets the keys only make sense for; the registry check is checks.py's
+    if d.cache == "none" and d.name != "imagefolder":
+        raise ConfigError(
+            f"{prefix}.cache: none (streaming from files) is for imagefolder; {d.name} is held in memory"
+        )
+    if d.cache == "none" and d.as_vectors:
+        raise ConfigError(f"{prefix}.as_vectors: needs the images in memory (dataset.cache: memory)")
+    if d.unlabeled and d.name != "stl10":
+        raise ConfigError(
+            f"{prefix}.unlabeled: only stl10 has an unlabelled split (dataset.name is {d.name})"
+        )
+    if d.shared_dir is not None and not Path(d.shared_dir).expanduser().is_absolute():
+        raise ConfigError(f"{prefix}.shared_dir: expected an absolute path (a trial runs in its own folder), "
+                          f"got {short(d.shared_dir)}")
 
 
 def from_dict(data: Any) -> Config:
@@ -436,6 +579,22 @@ def to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
+def flatten(data: dict) -> dict[str, Any]:
+    """A config as a dict (`to_dict`, a record's "config") -> {dotted key: value} over every settable key
+    it holds (`{"train": {"lr": 0.1}}` -> `{"train.lr": 0.1}`); a free mapping (an inline space) is one
+    value."""
+    out: dict[str, Any] = {}
+    for key in sorted(dotted_keys()):
+        node: Any = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[key] = node
+    return out
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`train.lr=0.01` -> ("train.lr", 0.01); the value is read as a YAML scalar or list."""
     key, sep, raw = text.partition("=")
@@ -443,9 +602,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=0.01")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        raise ConfigError(f"{key}: could not read value {raw!r} as YAML") from None
+        value = safe_load(raw, key) if raw.strip() else None
+    except ConfigError:
+        raise ConfigError(f"{key}: could not read value {short(raw)} as YAML") from None
     return key, value
 
 
@@ -473,16 +632,76 @@ def set_values(data: dict, values: dict[str, Any]) -> dict:
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`safe_load` that refuses a key given twice in one mapping (PyYAML keeps the later silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # PyYAML itself refuses an unhashable key, with its own message
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {short(key)} (first at line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_NODES = 100_000  # a config is a few hundred values; YAML anchors can make a few bytes expand to 10^9
+
+
+def safe_load(text: str, where: str) -> Any:
+    """YAML text -> plain data, with duplicate keys and anchor bombs refused in one line naming `where`."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None)
+        raise ConfigError(f"{where}: not valid YAML{line}" + (f": {problem}" if problem else "")) from None
+    if _expanded_size(data, {}) > MAX_NODES:
+        raise ConfigError(f"{where}: expands to more than {MAX_NODES} values (YAML anchors and aliases?)")
+    return data
+
+
+def _expanded_size(node: Any, memo: dict) -> int:
+    """How many values `node` holds once aliases are expanded, counted once per shared object."""
+    if not isinstance(node, (dict, list)):
+        return 1
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = MAX_NODES + 1  # a cycle (a recursive alias) counts as too large
+    children = node.values() if isinstance(node, dict) else node
+    total = 1
+    for child in children:
+        total += _expanded_size(child, memo)
+        if total > MAX_NODES:
+            break
+    memo[id(node)] = total
+    return total
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: config file not found" if not path.exists() else f"{path}: not a file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "save it as UTF-8") from None
+    data = safe_load(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -491,44 +710,10 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read YAML (or defaults when ``path`` is None), apply ``--set`` overrides, validate fully."""
+    """Read YAML (or defaults when ``path`` is None), apply ``--set`` overrides, validate types and
+    ranges. Names that refer to registries are checked by :func:`augtune.checks.check_config`."""
     data = read_yaml(path) if path is not None else {}
-    cfg = from_dict(apply_overrides(data, overrides))
-    check_names(cfg)
-    return cfg
-
-
-def check_names(cfg: Config) -> None:
-    """Names that refer to registries: datasets, base methods and augmentation methods."""
-    from augtune.data import DATASETS
-    from augtune.eval import METRICS
-    from augtune.methods import AUGMENTATIONS, BASES, MomentumObjective
-
-    if cfg.dataset.name not in DATASETS:
-        raise ConfigError(f"dataset.name: unknown dataset {cfg.dataset.name!r} (known: {', '.join(sorted(DATASETS))})")
-    if cfg.method.base not in BASES:
-        raise ConfigError(f"method.base: unknown base method {cfg.method.base!r} (known: {', '.join(sorted(BASES))})")
-    for i, name in enumerate(cfg.method.augment):
-        if name not in AUGMENTATIONS:
-            known = ", ".join(sorted(AUGMENTATIONS)) or "none yet"
-            raise ConfigError(f"method.augment[{i}]: unknown augmentation method {name!r} (known: {known})")
-    if len(set(cfg.method.augment)) != len(cfg.method.augment):
-        raise ConfigError(f"method.augment: lists a method twice: {list(cfg.method.augment)}")
-    for section in ("metrics", "epoch_metrics"):
-        for m in getattr(cfg.eval, section):
-            if m not in METRICS:
-                raise ConfigError(f"eval.{section}: unknown metric {m!r} (known: {', '.join(METRICS)})")
-    if cfg.eval.encoder == "target" and not issubclass(BASES[cfg.method.base], MomentumObjective):
-        momentum = ", ".join(n for n, c in BASES.items() if issubclass(c, MomentumObjective))
-        raise ConfigError(f"eval.encoder: {cfg.method.base} has no target encoder (only {momentum} do); use online")
-    if cfg.eval.figures:
-        from augtune.plots import PLOTS
-
-        for i, kind in enumerate(cfg.eval.figures):
-            if kind not in PLOTS:
-                raise ConfigError(f"eval.figures[{i}]: unknown figure {kind!r} (known: {', '.join(PLOTS) or 'none yet'})")
-    if cfg.dataset.name == "arrays" and not cfg.dataset.path:
-        raise ConfigError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
+    return from_dict(apply_overrides(data, overrides))
 
 
 def method_label(cfg: Config) -> str:
@@ -536,13 +721,31 @@ def method_label(cfg: Config) -> str:
     return "+".join((cfg.method.base, *cfg.method.augment))
 
 
-# Sections named after a method: their keys matter only to runs of that method (a plain SimCLR
-# run's `pinda.mu` is a default it never reads).
-METHOD_SECTIONS = ("pinda", "nrcc", "cocor", "diffaug")
+# Sections named after an augmentation method (marked `_METHOD` on `Config`): their keys matter only to
+# runs of that method (a plain SimCLR run's `pinda.mu` is a default it never reads).
+METHOD_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("method_section"))
 
 
 # Keys of a method's section that another augmentation reads instead (PiNDA's baselines, B.2).
 _KEY_READERS = {"pinda.clae_eps": ("clae",), "pinda.clae_steps": ("clae",), "pinda.simcl_eta": ("simcl",)}
+
+# Settings that say where, how fast or how often a run was computed or reported, never what it
+# computed: two runs apart only in these trained and scored the same thing. (The search and compare
+# sections are the plan that launched the run; a DDP run equals the one-process run, and resuming from
+# a checkpoint is bitwise equal; the dataset's cache, workers and shared copy hold the same samples;
+# eval.metrics / eval.epoch_metrics choose which scores exist, not their values; eval.monitor_size,
+# eval.at and eval.every touch only the per-epoch scores.)
+_NOT_WHAT_RUNS = ("search.", "compare.", "resources.")
+_NOT_WHAT_KEYS = frozenset({
+    "dataset.download", "dataset.cache", "dataset.workers", "dataset.shared", "dataset.shared_dir",
+    "train.device", "train.num_threads", "train.checkpoint_every", "train.channels_last", "train.compile",
+    "eval.every", "eval.epoch_metrics", "eval.metrics", "eval.references", "eval.batch_size", "eval.at",
+    "eval.monitor_size", "eval.reference_cache", "eval.figures"})
+
+
+def changes_results(key: str) -> bool:
+    """Whether dotted `key` can change what a run trains or scores (not where, how fast, how often)."""
+    return key not in _NOT_WHAT_KEYS and not key.startswith(_NOT_WHAT_RUNS)
 
 
 def key_applies(key: str, method: str) -> bool:
@@ -552,6 +755,41 @@ def key_applies(key: str, method: str) -> bool:
         return True
     parts = method.split("+")
     return any(reader in parts for reader in _KEY_READERS.get(key, (section,)))
+
+
+def run_signature(flat: typing.Mapping[str, Any], method: str, ignore: typing.Iterable[str] = ()) -> tuple:
+    """What a run reads: the sorted (key, value) pairs of its flattened config (`{"train.lr": 0.01}`)
+    that change what it trains or scores, among the keys its method label (`byol+nrcc`) reads
+    (:func:`key_applies`) and not in `ignore`. Two runs with equal signatures (and seeds) are the same
+    run; values are made hashable (lists as tuples), so signatures can be set members."""
+    skip = set(ignore)
+    read = ((k, _hashable(v)) for k, v in flat.items()
+            if k not in skip and changes_results(k) and key_applies(k, method))
+    return tuple(sorted(read, key=lambda kv: kv[0]))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def format_value(value: Any, digits: int | None = 4) -> str:
+    """How a setting shows in labels, tables and progress lines: `true`, `[1, 2, 3]`, `0.001`, `none`.
+
+    Floats keep `digits` significant digits (None: the shortest text that reads back as the same
+    float, for labels that must tell every value apart)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v, digits) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value) if digits is None else f"{value:.{digits}g}"
+    return str(value)
 
 
 def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:

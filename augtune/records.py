@@ -2,7 +2,8 @@
 
 A record holds the resolved config, seed, dataset, method label, package versions and git revision,
 the metrics of every epoch, the final metrics, the reference rows (`raw`, `random-init`) and the
-run's status (`running`, `completed`, `failed` with the reason). Only JSON: a results folder copied
+run's status (`running`, `completed`, `failed` with the reason, `interrupted`, `stopped` early by a
+scheduler). Only JSON: a results folder copied
 to a laptop can be tabulated without torch or ray.
 """
 from __future__ import annotations
@@ -20,6 +21,11 @@ FORMAT = "augtune.record/1"
 RECORD_FILE = "record.json"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FILE = "checkpoint.pt"
+SEARCH_FILE = "augtune_search.yaml"  # in an experiment folder: what `augtune resume` needs
+REPEAT_DIR = "repeat_best"  # the repeat-best experiment, nested in the search's folder
+COMPARE_FILE = "augtune_compare.yaml"  # in a compare experiment's folder
+ERROR_FILE = "error.txt"  # in a Ray trial's folder: why it failed (written by Tune)
+REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contained report
 
 
 def now() -> str:
@@ -55,6 +61,17 @@ def git_revision() -> str | None:
         return None
 
 
+def process_started(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), from Linux's /proc; None elsewhere."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def new_record(config: dict, *, method: str, dataset: str, seed: int) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -70,9 +87,58 @@ def new_record(config: dict, *, method: str, dataset: str, seed: int) -> dict[st
         "started": now(),
         "finished": None,
         "epochs": [],  # one dict of metrics per finished epoch, with "epoch" (1-based)
-        "final": {},  # metrics at the end of the run
+        "final": {},  # metrics at the end of the run: the evaluation and the method's last diagnostics
         "references": {},  # {"raw": {...}, "random-init": {...}}
     }
+
+
+class RunRecord:
+    """The life of one run's record: started (or resumed), one entry per epoch, then completed,
+    failed or interrupted. Both runners (in-process and Ray) keep their record through this class,
+    so the same run leaves the same record whichever way it ran."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    @classmethod
+    def start(cls, config: dict, *, method: str, dataset: str, seed: int) -> "RunRecord":
+        return cls(new_record(config, method=method, dataset=dataset, seed=seed))
+
+    @classmethod
+    def read(cls, path: Path) -> "RunRecord":
+        return cls(read_record(path))
+
+    @property
+    def status(self) -> str:
+        return self.data["status"]
+
+    @property
+    def final(self) -> dict:
+        return self.data["final"]
+
+    def resumed(self) -> "RunRecord":
+        self.data.update(status="running", error=None, finished=None)
+        return self
+
+    def epoch(self, history: list[dict], references: dict) -> None:
+        self.data["epochs"] = list(history)
+        self.data["references"] = dict(references)
+
+    def completed(self, final: dict) -> None:
+        self.data.update(status="completed", final=dict(final), finished=now(), error=None)
+
+    def failed(self, error: str, history: list[dict] | None = None) -> None:
+        self.data.update(status="failed", error=error, finished=now())
+        if history is not None:
+            self.data["epochs"] = list(history)
+
+    def interrupted(self, history: list[dict] | None = None) -> None:
+        self.data.update(status="interrupted", finished=now())
+        if history is not None:
+            self.data["epochs"] = list(history)
+
+    def write(self, run_dir: Path) -> None:
+        write_record(run_dir, self.data)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -94,5 +160,32 @@ def read_record(path: Path) -> dict:
         path = path / RECORD_FILE
     data = json.loads(path.read_text())
     if data.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an augtune record (format {data.get('format')!r}, expected {FORMAT!r})")
+        raise ValueError(
+            f"{path}: not an augtune record (format {data.get('format')!r}, expected {FORMAT!r})"
+        )
+    return data
+
+
+def read_search_file(exp_dir: Path) -> dict:
+    """An experiment folder's SEARCH_FILE: {"config": ..., "base": ..., "name": ..., "storage": ...}.
+
+    A missing, corrupt or foreign file is a ValueError with one line naming it (never a traceback):
+    `augtune status` and `augtune resume` read it before anything else.
+    """
+    from augtune.config import ConfigError, safe_load
+
+    path = Path(exp_dir) / SEARCH_FILE
+    if not path.is_file():
+        raise ValueError(f"{Path(exp_dir)}: not an augtune search folder (no {SEARCH_FILE})")
+    try:
+        data = safe_load(path.read_text(encoding="utf-8"), str(path))
+    except (ConfigError, UnicodeDecodeError, OSError) as e:
+        raise ValueError(f"{path}: cannot be read ({str(e).splitlines()[0][:160]})") from None
+    search = data.get("config", {}).get("search") if isinstance(data, dict) else None
+    if (
+        not isinstance(data.get("base") if isinstance(data, dict) else None, dict)
+        or not isinstance(search, dict)
+        or not {"metric", "mode"} <= set(search)
+    ):
+        raise ValueError(f"{path}: not an augtune search file (config, search and base sections expected)")
     return data

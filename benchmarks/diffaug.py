@@ -16,6 +16,7 @@ SimCLR + DiffAug with the schedule A:1,B:1,A:1 scaled to `--epochs`. Prints
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -87,8 +88,10 @@ def main() -> None:
         rows["buffer refresh (per A epoch)"] = refresh
 
     n_train = len(data.x_train)
-    print(f"device {trainer.device}, {torch.get_num_threads()} threads, {args.data}: {n_train} train samples, "
-          f"batch {cfg.train.batch_size}, T = {cfg.diffaug.steps}, sample_steps = {cfg.diffaug.sample_steps}")
+    print(
+        f"device {trainer.device}, {torch.get_num_threads()} threads, {args.data}: {n_train} train samples, "
+        f"batch {cfg.train.batch_size}, T = {cfg.diffaug.steps}, sample_steps = {cfg.diffaug.sample_steps}"
+    )
     print(f"{'per epoch':34s} {'seconds':>9s} {'x SimCLR':>9s}")
     for k, v in rows.items():
         mean = sum(v) / len(v)
@@ -100,8 +103,9 @@ def main() -> None:
     strided = cfg.diffaug.sample_steps
     for name, steps in (("ancestral, T steps", None), (f"strided, {strided} steps", strided)):
         t0 = time.perf_counter()
+        aug.d = dataclasses.replace(cfg.diffaug, sample_steps=steps)  # generate() samples as the config says
         for _ in range(reps):
-            aug.generate(trainer.method, x, steps)
+            aug.generate(trainer.method, x)
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         print(f"{name:34s} {(time.perf_counter() - t0) * 1000 / (reps * len(x)):9.3f}")

@@ -54,9 +54,13 @@ def main() -> None:
             v2.RandomApply([v2.GaussianBlur(blur_kernel_size(side), (0.1, 2.0))], p=blur_p),
         ])
         t_batched = _median_ms(lambda: batched(x), args.repeats, device)
-        t_loop = _median_ms(lambda: torch.stack([per_sample(img) for img in x]), max(1, args.repeats // 3), device)
-        print(f"{c}x{side}x{side} blur_p={blur_p}: batched {t_batched:8.1f} ms  per-sample v2 {t_loop:8.1f} ms"
-              f"  speed-up x{t_loop / t_batched:.1f}")
+        t_loop = _median_ms(
+            lambda: torch.stack([per_sample(img) for img in x]), max(1, args.repeats // 3), device
+        )
+        print(
+            f"{c}x{side}x{side} blur_p={blur_p}: batched {t_batched:8.1f} ms  per-sample v2 {t_loop:8.1f} ms"
+            f"  speed-up x{t_loop / t_batched:.1f}"
+        )
 
 
 if __name__ == "__main__":

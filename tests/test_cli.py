@@ -46,7 +46,9 @@ def test_resume_continues_an_interrupted_run(tmp_path):
                  "train.batch_size=50", "eval.metrics=[knn]", "eval.references=false"]
     cfg = load_config(ROOT / "examples/quickstart.yaml", overrides)
     train_run(cfg, load_dataset(cfg.dataset), out, log=lambda s: None, stop_after=1)  # "interrupted"
-    res = augtune("train", "examples/quickstart.yaml", *sum((["--set", o] for o in overrides), []), "--out", str(out))
+    res = augtune(
+        "train", "examples/quickstart.yaml", *sum((["--set", o] for o in overrides), []), "--out", str(out)
+    )
     assert res.returncode == 2 and "already holds a run" in res.stderr  # nothing overwritten
     res = augtune("train", "--resume", "--out", str(out))
     assert res.returncode == 0, res.stderr
@@ -55,15 +57,30 @@ def test_resume_continues_an_interrupted_run(tmp_path):
     assert record["status"] == "completed" and [e["epoch"] for e in record["epochs"]] == [1, 2]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["train", "examples/quickstart.yaml", "--set", "train.lr=-1"], "train.lr: expected a number > 0"),
-    (["train", "examples/quickstart.yaml", "--set", "method.base=simclrr"], "method.base: unknown base method"),
-    (["train", "examples/quickstart.yaml", "--set", "trian.lr=1"], "trian: unknown key"),
-    (["train", "nope.yaml"], "config file not found"),
-    (["train", "--set", "dataset.name=fashion_mnist", "--set", "dataset.root=/nonexistent/fm"], "/nonexistent/fm"),
-    (["train", "--set", "train.batch_size=5000"], "train.batch_size: 5000 is larger than the training set"),
-    (["train", "--resume", "--out", "/nonexistent/run"], "no checkpoint at /nonexistent/run"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["train", "examples/quickstart.yaml", "--set", "train.lr=-1"], "train.lr: expected a number > 0"),
+        (
+            ["train", "examples/quickstart.yaml", "--set", "method.base=simclrr"],
+            "method.base: unknown base method",
+        ),
+        (["train", "examples/quickstart.yaml", "--set", "trian.lr=1"], "trian: unknown key"),
+        (["train", "nope.yaml"], "config file not found"),
+        (
+            ["train", "--set", "dataset.name=fashion_mnist", "--set", "dataset.root=/nonexistent/fm"],
+            "/nonexistent/fm",
+        ),
+        (
+            ["train", "--set", "train.batch_size=5000"],
+            "train.batch_size: 5000 is larger than the training set",
+        ),
+        (
+            ["train", "--resume", "--out", "/nonexistent/run"],
+            "--resume: /nonexistent/run holds no augtune run",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
     if "--out" not in args:

@@ -5,8 +5,9 @@ import dataclasses
 
 import pytest
 
+from augtune.checks import check_config
 from augtune.config import (ConfigError, apply_overrides, from_dict, load_config, to_dict)
-from augtune.trainables.phases import parse_phases
+from augtune.phases import parse_phases
 
 
 def test_defaults_are_the_embedded_digits_and_simclr():
@@ -63,7 +64,7 @@ def test_bad_configs_are_refused_with_one_line_naming_the_key(tmp_path, data, ov
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError) as err:
-        load_config(path, overrides)
+        check_config(load_config(path, overrides))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -1,5 +1,6 @@
 """Dataset registry and loaders: real digits and Fashion-MNIST, and small files written in each data
-set's exact on-disk format (IDX, CIFAR pickles, STL-10 binaries, .npz, .csv). No network."""
+set's exact on-disk format (IDX, CIFAR pickles, STL-10 binaries, .npz, .csv); compact data (uint8 images,
+float per batch), the shared per-node copy, and headers read before data. No network."""
 from __future__ import annotations
 
 import gzip
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from augtune.config import DatasetConfig
-from augtune.data import DATASETS, DataError, DataSplit, load_dataset, register
+from augtune.data import DATASETS, DataError, DataSplit, as_float, load_dataset, register
 from augtune.data import datasets as ds
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -42,6 +43,12 @@ def cache_in_tmp(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def share_small_files(monkeypatch):
+    # the tests' files are small; below SHARED_MIN_BYTES a data set is not shared (tested on its own)
+    monkeypatch.setattr(ds, "SHARED_MIN_BYTES", 0)
+
+
 def test_network_is_refused_in_these_tests():
     with pytest.raises(NetworkUsed):
         socket.create_connection(("127.0.0.1", 9))
@@ -54,7 +61,9 @@ def load(**kw) -> DataSplit:
 def check_split(s: DataSplit) -> None:
     """What every DataSplit promises, whatever the loader."""
     for x, y in ((s.x_train, s.y_train), (s.x_test, s.y_test)):
-        assert x.dtype == torch.float32 and tuple(x.shape[1:]) == s.shape and x.is_contiguous()
+        # images: uint8 pixel counts (float per batch) or float32; vectors: float32
+        dtypes = (torch.uint8, torch.float32) if s.modality == "image" else (torch.float32,)
+        assert x.dtype in dtypes and tuple(x.shape[1:]) == s.shape and x.is_contiguous()
         assert y.dtype == torch.int64 and y.shape == (len(x),)
         assert int(y.min()) >= 0 and int(y.max()) < s.num_classes
     assert len(s.classes) == s.num_classes
@@ -65,7 +74,16 @@ def check_split(s: DataSplit) -> None:
 
 
 def test_every_registered_dataset_is_tested():
-    assert set(DATASETS) == {"digits", "fashion_mnist", "cifar10", "cifar100", "stl10", "arrays"}
+    assert set(DATASETS) == {
+        "digits",
+        "fashion_mnist",
+        "cifar10",
+        "cifar100",
+        "stl10",
+        "arrays",
+        "imagefolder",
+    }
+    # imagefolder: tests/test_imagefolder.py
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +195,7 @@ def test_fashion_mnist_real(real_fashion):
     check_split(s)
     assert (s.shape, s.num_classes, len(s.y_train), len(s.y_test)) == ((1, 28, 28), 10, 60000, 10000)
     assert torch.bincount(s.y_train).tolist() == [6000] * 10
-    assert float(s.x_train.min()) == 0.0 and float(s.x_train.max()) == 1.0
+    assert s.x_train.dtype == torch.uint8 and (int(s.x_train.min()), int(s.x_train.max())) == (0, 255)
     assert s.mean[0] == pytest.approx(0.2860, abs=1e-3) and s.std[0] == pytest.approx(0.3530, abs=1e-3)
     assert s.classes[0] == "T-shirt/top" and s.classes[9] == "Ankle boot"
 
@@ -191,7 +209,7 @@ def test_fashion_mnist_small_files(tmp_path, layout):
     check_split(s)
     assert (len(s.y_train), len(s.y_test)) == (20, 10)
     x, y = written["train"]
-    assert torch.equal((s.x_train[:, 0] * 255).round().to(torch.uint8), torch.from_numpy(x))
+    assert s.x_train.dtype == torch.uint8 and torch.equal(s.x_train[:, 0], torch.from_numpy(x))
     assert s.y_train.tolist() == y.tolist()
 
 
@@ -272,10 +290,16 @@ def write_cifar10(root: Path, per_batch: int = 4, n_test: int = 10, key=str, see
     for i in range(1, 6):
         data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
         labels = [int(v) for v in rng.integers(0, 10, per_batch)]
-        write_pickle(folder / f"data_batch_{i}", {key("batch_label"): f"training batch {i} of 5",
-                                                  key("labels"): labels, key("data"): data,
-                                                  key("filenames"): [f"img{j}.png" for j in range(per_batch)]},
-                     py2)
+        write_pickle(
+            folder / f"data_batch_{i}",
+            {
+                key("batch_label"): f"training batch {i} of 5",
+                key("labels"): labels,
+                key("data"): data,
+                key("filenames"): [f"img{j}.png" for j in range(per_batch)],
+            },
+            py2,
+        )
         rows.append(data)
     test = rng.integers(0, 256, size=(n_test, 3072), dtype=np.uint8)
     write_pickle(folder / "test_batch", {key("batch_label"): "testing batch 1 of 1", key("data"): test,
@@ -293,7 +317,7 @@ def test_cifar10_small_files(tmp_path, key):
     check_split(s)
     assert (s.shape, s.num_classes, len(s.y_train), len(s.y_test)) == ((3, 32, 32), 10, 20, 10)
     assert s.classes[1] == "automobile"
-    back = (s.x_train * 255).round().to(torch.uint8)  # (N, 3, 32, 32)
+    back = s.x_train  # (N, 3, 32, 32) uint8
     # row layout: 1024 red then green then blue, each 32 rows of 32
     assert back[0, 0, 0, 1] == rows[0, 1]
     assert back[3, 1, 2, 5] == rows[3, 1024 + 2 * 32 + 5]
@@ -335,7 +359,7 @@ def test_cifar100_small_files(tmp_path):
     s = load(name="cifar100", root=str(folder))  # root may also be the data folder itself
     check_split(s)
     assert (s.num_classes, len(s.y_train), len(s.y_test), s.classes[42]) == (100, 20, 10, "class42")
-    back = (s.x_test * 255).round().to(torch.uint8).reshape(10, -1)
+    back = s.x_test.reshape(10, -1)
     assert torch.equal(back, torch.from_numpy(data["test"]))
 
 
@@ -388,8 +412,8 @@ def test_stl10_small_files(tmp_path):
     check_split(s)
     assert (s.shape, len(s.y_train), len(s.y_test), s.classes[7]) == ((3, 96, 96), 20, 10, "monkey")
     assert s.y_train[:11].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
-    assert float(s.x_train[0, 2, 3, 7]) == 1.0 and float(s.x_train[0].sum()) == 1.0
-    assert torch.equal((s.x_test * 255).round().to(torch.uint8), torch.from_numpy(imgs["test"]))
+    assert float(as_float(s.x_train)[0, 2, 3, 7]) == 1.0 and float(as_float(s.x_train)[0].sum()) == 1.0
+    assert torch.equal(s.x_test, torch.from_numpy(imgs["test"]))
 
     (folder / "test_y.bin").write_bytes(bytes([1] * 9))
     with pytest.raises(DataError, match="9 labels for 10 images"):
@@ -449,7 +473,10 @@ def test_arrays_npz_images(tmp_path):
 def test_arrays_csv(tmp_path):
     (tmp_path / "a.csv").write_text(
         "f1,f2,label,split\n"
-        + "".join(f"{i},{i * 0.5},{'cat' if i % 2 else 'dog'},{'test' if i >= 8 else 'train'}\n" for i in range(12)))
+        + "".join(
+            f"{i},{i * 0.5},{'cat' if i % 2 else 'dog'},{'test' if i >= 8 else 'train'}\n" for i in range(12)
+        )
+    )
     s = load(name="arrays", path=str(tmp_path / "a.csv"), standardize=False)
     check_split(s)
     assert (s.shape, s.classes, len(s.y_train), len(s.y_test)) == ((2,), ("cat", "dog"), 8, 4)
@@ -497,3 +524,401 @@ def test_arrays_errors(tmp_path):
     assert str(tmp_path / "missing.npz") in str(e.value)
     with pytest.raises(DataError, match="dataset.path"):
         load(name="arrays")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compact data: uint8 images become float per batch, with the very numbers the float32 copy held
+
+def test_as_float_is_exactly_the_old_float32_division():
+    every = torch.arange(256, dtype=torch.uint8)
+    old = torch.from_numpy(np.arange(256, dtype=np.float32) / np.float32(255))  # the old loaders' values
+    assert torch.equal(as_float(every), old)  # bitwise, for each of the 256 values
+    x = torch.randint(0, 256, (3, 2, 5, 5), dtype=torch.uint8)
+    assert torch.equal(as_float(x), x.float() / 255) and as_float(x).dtype == torch.float32
+    f = torch.rand(4, 3)
+    assert as_float(f) is f and as_float(f.double()).dtype == torch.float64  # float data passes untouched
+
+
+def test_pixel_statistics_are_exact():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.integers(0, 256, size=(300, 3, 7, 5), dtype=np.uint8))
+    mean, std = ds.pixel_stats(x)
+    ref = as_float(x).double()  # float64 reference over the same float32 values
+    assert mean == pytest.approx(ref.mean(dim=(0, 2, 3)).tolist(), rel=1e-7, abs=0)
+    assert std == pytest.approx(ref.std(dim=(0, 2, 3), correction=0).tolist(), rel=1e-7, abs=0)
+    assert ds.pixel_stats(torch.full((4, 1, 2, 2), 255, dtype=torch.uint8)) == ((1.0,), (0.0,))
+
+
+def test_feature_statistics_are_chunked_float64(monkeypatch):
+    monkeypatch.setattr(ds, "_CHUNK_BYTES", 8 * 6 * 100)  # 100 rows a step: many chunks and a short last one
+    # a large offset and a small spread: float32 accumulation would lose the variance
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy((1e4 + rng.normal(size=(1017, 6))).astype(np.float32))
+    x[:, 5] = 3.0  # a constant feature: std 1, never 0
+    mean, std = ds._feature_stats(x, lambda c: c)
+    var_ref, mean_ref = torch.var_mean(x.double(), dim=0, correction=0)
+    assert torch.allclose(mean.double(), mean_ref, rtol=1e-7, atol=0)
+    assert torch.allclose(std[:5].double(), var_ref[:5].sqrt(), rtol=1e-6, atol=0)
+    assert std[5] == 1.0 and mean.dtype == std.dtype == torch.float32
+    # and the vectors come out z-scored in float32, as (x - mean) / std of the whole would be
+    split = DataSplit(
+        "v",
+        "vector",
+        (6,),
+        2,
+        x,
+        torch.arange(1017) % 2,
+        x[:5],
+        torch.zeros(5, dtype=torch.long),
+        None,
+        None,
+        ("a", "b"),
+    )
+    z = ds._vectors(split, lambda c: c, standardize=True)
+    assert torch.equal(z.x_train, (x - mean) / std) and torch.equal(z.x_test, (x[:5] - mean) / std)
+
+
+def _peak_mib(code: str) -> float:
+    """Peak resident memory (MiB) a fresh interpreter gains running `code` after its imports."""
+    import subprocess
+
+    script = ("import resource, torch, numpy, sklearn.model_selection\n"
+              "from augtune.config import DatasetConfig\nfrom augtune.data import load_dataset\n"
+              "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              f"{code}\n"
+              "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+@pytest.mark.slow
+def test_a_subset_of_fashion_mnist_loads_compactly(real_fashion):
+    # the old path held the whole 60k split as float32 (188 MiB) before subsampling (peak +248 MiB), and
+    # z-scored vectors through a float64 copy (peak +596 MiB): the compact path holds the file's uint8 bytes
+    # (55 MiB in all) and floats of the subset only (measured +90 and +283 MiB)
+    subset = _peak_mib(
+        "load_dataset(DatasetConfig(name='fashion_mnist', max_train=2000, max_test=1000, shared=False))"
+    )
+    assert subset < 110, subset
+    vectors = _peak_mib("load_dataset(DatasetConfig(name='fashion_mnist', as_vectors=True, shared=False))")
+    assert vectors < 340, vectors  # the uint8 set (55 MiB) and the float32 vectors (219 MiB), nothing more
+
+
+# ---------------------------------------------------------------------------------------------
+# One shared copy per node
+
+def _mapped_files(t: torch.Tensor) -> set[tuple[str, str]]:
+    """(device:inode, path) of the file mappings of this process that hold tensor t's first byte."""
+    ptr, found = t.data_ptr(), set()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        lo, hi = (int(v, 16) for v in parts[0].split("-"))
+        if len(parts) >= 6 and parts[4] != "0" and lo <= ptr < hi:  # inode 0: anonymous memory, the heap
+            found.add((f"{parts[3]}:{parts[4]}", parts[5]))
+    return found
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux's /proc/self/maps")
+
+
+@needs_proc
+def test_two_loads_map_one_shared_file(tmp_path, monkeypatch):
+    write_fashion(tmp_path / "fm", n_train=40, n_test=20)
+    calls = []
+    real = DATASETS["fashion_mnist"]
+    monkeypatch.setitem(DATASETS, "fashion_mnist", lambda cfg: calls.append(1) or real(cfg))
+    cfg = dict(name="fashion_mnist", root=str(tmp_path / "fm"), shared_dir=str(tmp_path / "shared"))
+    a, b = load(**cfg), load(**cfg)
+    assert calls == [1]  # the second load read no source file
+    maps_a, maps_b = _mapped_files(a.x_train), _mapped_files(b.x_train)
+    assert len(maps_a) == 1 and maps_a == maps_b  # both views lie in a mapping of the same file
+    assert maps_a.pop()[1].startswith(str(tmp_path / "shared")) and torch.equal(a.x_train, b.x_train)
+    # a private copy holds the same numbers
+    private = load(**cfg, shared=False)
+    assert torch.equal(private.x_train, a.x_train) and private.mean == a.mean and calls == [1, 1]
+    assert _mapped_files(private.x_train) == set()
+
+
+@pytest.mark.slow  # three fresh interpreters importing torch
+@needs_proc
+def test_concurrent_processes_share_one_copy(tmp_path):
+    import subprocess
+
+    write_fashion(tmp_path / "fm", n_train=1500, n_test=20)  # 1.2 MB of random pixels: above SHARED_MIN_BYTES
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from test_datasets import _mapped_files\n"
+        "from augtune.config import DatasetConfig\nfrom augtune.data import load_dataset\n"
+        "s = load_dataset(DatasetConfig(name='fashion_mnist', root=%r, shared_dir=%r))\n"
+        "print(sorted(_mapped_files(s.x_train))[0][0])\n"
+    ) % (str(Path(__file__).parent), str(tmp_path / "fm"), str(tmp_path / "shared"))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    inodes = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(inodes) == 1  # three processes, one file
+    assert len([d for d in (tmp_path / "shared").iterdir() if d.is_dir()]) == 1  # built once, no leftovers
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "no meta", "foreign meta"])
+def test_a_damaged_shared_copy_is_rebuilt_not_trusted(tmp_path, damage):
+    write_fashion(tmp_path / "fm", n_train=40, n_test=20)
+    cfg = dict(name="fashion_mnist", root=str(tmp_path / "fm"), shared_dir=str(tmp_path / "shared"))
+    good = load(**cfg, shared=False)
+    load(**cfg)
+    (copy,) = [d for d in (tmp_path / "shared").iterdir() if d.is_dir()]
+    x = copy / "x_train.npy"
+    raw = bytearray(x.read_bytes())
+    if damage == "truncated":
+        x.write_bytes(raw[:-1000])
+    elif damage == "flipped byte":
+        raw[len(raw) // 2] ^= 0xFF
+        x.write_bytes(raw)
+    elif damage == "no meta":
+        (copy / "meta.json").unlink()  # as a copy written by hand, or half-deleted
+    else:
+        (copy / "meta.json").write_text('{"format": 1, "arrays": {"x_train": 3}}')
+    with pytest.warns(UserWarning, match="not intact"):
+        again = load(**cfg)
+    assert torch.equal(again.x_train, good.x_train) and torch.equal(again.y_test, good.y_test)
+    assert load(**cfg).mean == good.mean  # and the rebuilt copy is trusted again, silently
+
+
+def test_a_changed_source_file_makes_a_new_copy(tmp_path):
+    write_fashion(tmp_path / "fm", n_train=40, n_test=20, seed=0)
+    cfg = dict(name="fashion_mnist", root=str(tmp_path / "fm"), shared_dir=str(tmp_path / "shared"))
+    first = load(**cfg)
+    written = write_fashion(tmp_path / "fm", n_train=40, n_test=20, seed=1)
+    # even with an old mtime: size/mtime key
+    os.utime(tmp_path / "fm" / "train-images-idx3-ubyte.gz", ns=(1, 1))
+    second = load(**cfg)
+    assert torch.equal(second.x_train[:, 0], torch.from_numpy(written["train"][0]))
+    assert not torch.equal(first.x_train, second.x_train)
+    assert load(**cfg, max_train=20).x_train.shape[0] == 20  # settings are part of the key too
+
+
+def test_an_unusable_shared_folder_costs_only_the_sharing(tmp_path):
+    write_fashion(tmp_path / "fm", n_train=40, n_test=20)
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.warns(UserWarning, match="keeps its own copy"):
+        s = load(
+            name="fashion_mnist", root=str(tmp_path / "fm"), shared_dir=str(tmp_path / "file" / "shared")
+        )
+    assert len(s.y_train) == 40 and torch.equal(
+        s.x_train, load(name="fashion_mnist", root=str(tmp_path / "fm"), shared=False).x_train
+    )
+
+
+def test_small_sources_are_not_shared_and_unused_copies_are_evicted(tmp_path, monkeypatch):
+    from augtune.data import cache
+
+    write_fashion(tmp_path / "fm", n_train=40, n_test=20)
+    cfg = dict(name="fashion_mnist", root=str(tmp_path / "fm"), shared_dir=str(tmp_path / "shared"))
+    monkeypatch.setattr(ds, "SHARED_MIN_BYTES", 1 << 20)
+    load(**cfg)
+    assert not (tmp_path / "shared").exists()  # 30 KB of files: each process reads its own
+    monkeypatch.setattr(ds, "SHARED_MIN_BYTES", 0)
+    load(**cfg)
+    (old,) = [d for d in (tmp_path / "shared").iterdir() if d.is_dir()]
+    os.utime(old / "meta.json", (1, 1))  # last opened in 1970
+    load(**cfg, max_train=20)  # a new copy is built: the unused one goes, with its lock
+    assert not old.exists() and not (tmp_path / "shared" / f"{old.name}.lock").exists()
+    (new,) = [d for d in (tmp_path / "shared").iterdir() if d.is_dir()]
+    load(**cfg)  # rebuilt; the copy opened just now stays
+    assert new.exists() and len([d for d in (tmp_path / "shared").iterdir() if d.is_dir()]) == 2
+    monkeypatch.setattr(cache, "KEEP_DAYS", 0)
+    with open(tmp_path / "shared" / f"{new.name}.lock", "a") as f:  # in use by another process: kept
+        import fcntl
+
+        fcntl.flock(f, fcntl.LOCK_EX)
+        load(**cfg, max_train=30)
+        assert new.exists()
+
+
+def test_shared_dir_must_be_absolute():
+    from augtune.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match="dataset.shared_dir: expected an absolute path"):
+        from_dict({"dataset": {"shared_dir": "relative/cache"}})
+    assert from_dict({"dataset": {"shared_dir": "~/cache"}}).dataset.shared_dir == "~/cache"
+
+
+# ---------------------------------------------------------------------------------------------
+# STL-10's unlabelled split
+
+def write_stl(folder: Path, n_train=20, n_test=10, n_unlabeled=0, seed=2) -> dict[str, np.ndarray]:
+    """STL-10's binaries: uint8, each image channel by channel, each channel column-major; labels 1..10."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for part, n in (("train", n_train), ("test", n_test), ("unlabeled", n_unlabeled)):
+        if not n:
+            continue
+        chw = rng.integers(0, 256, size=(n, 3, 96, 96), dtype=np.uint8)
+        (folder / f"{part}_X.bin").write_bytes(np.ascontiguousarray(chw.transpose(0, 1, 3, 2)).tobytes())
+        if part != "unlabeled":
+            (folder / f"{part}_y.bin").write_bytes(bytes([1 + i % 10 for i in range(n)]))
+        out[part] = chw
+    return out
+
+
+def test_stl10_unlabeled_joins_pretraining_only(tmp_path):
+    imgs = write_stl(tmp_path / "stl10_binary", n_unlabeled=30)
+    s = load(name="stl10", root=str(tmp_path), unlabeled=True, shared=False)
+    check_split(s)
+    # evaluation: the labelled splits
+    assert (len(s.x_train), len(s.x_unlabeled), len(s.x_test)) == (20, 30, 10)
+    assert torch.equal(s.x_unlabeled, torch.from_numpy(imgs["unlabeled"]))
+    x, y = s.pretrain()
+    assert x.data_ptr() == s.x_train.data_ptr() and len(x) == 50  # one block: a view, not a copy
+    assert (
+        torch.equal(x[20:], s.x_unlabeled)
+        and y[:20].tolist() == s.y_train.tolist()
+        and set(y[20:].tolist()) == {-1}
+    )
+    pooled = np.concatenate([imgs["train"], imgs["unlabeled"]]).astype(np.float64) / 255
+    assert s.mean[1] == pytest.approx(pooled[:, 1].mean(), rel=1e-6)  # normalised over what it trains on
+    # without the flag, as before: no unlabelled images
+    plain = load(name="stl10", root=str(tmp_path), shared=False)
+    assert plain.x_unlabeled is None and plain.pretrain()[0] is plain.x_train
+    # max_train: a stratified 10 of the labelled and a seeded 10 of the unlabelled
+    small = load(name="stl10", root=str(tmp_path), unlabeled=True, max_train=10, shared=False)
+    assert (len(small.x_train), len(small.x_unlabeled)) == (10, 10)
+    rows = [
+        int(np.flatnonzero((imgs["unlabeled"] == r.numpy()).all(axis=(1, 2, 3)))[0])
+        for r in small.x_unlabeled
+    ]
+    assert rows == sorted(rows) and len(set(rows)) == 10
+    # the shared copy keeps the block
+    shared = load(name="stl10", root=str(tmp_path), unlabeled=True, shared_dir=str(tmp_path / "sh"))
+    assert (
+        torch.equal(shared.pretrain()[0], x) and shared.pretrain()[0].data_ptr() == shared.x_train.data_ptr()
+    )
+
+
+@pytest.mark.slow
+def test_stl10_unlabeled_trains_on_the_union(tmp_path):
+    from augtune.config import from_dict
+    from augtune.trainables.loop import Trainer
+
+    write_stl(tmp_path / "stl10_binary", n_train=20, n_test=10, n_unlabeled=44)
+    cfg = from_dict({"dataset": {"name": "stl10", "root": str(tmp_path), "unlabeled": True, "shared": False},
+                     "model": {"backbone": "cnn", "width": 4}, "train": {"epochs": 1, "batch_size": 16},
+                     "eval": {"metrics": ["knn"], "references": False}})
+    t = Trainer(cfg, load_dataset(cfg.dataset), log=lambda s: None)
+    assert t.steps_per_epoch == 64 // 16 and len(t.y_train) == 64
+    metrics = t.train_epoch()
+    assert np.isfinite(metrics["loss"]) and 0 <= t.evaluate(("knn",))["knn_acc"] <= 1
+
+
+def test_stl10_unlabeled_errors(tmp_path):
+    from augtune.config import ConfigError, from_dict
+
+    write_stl(tmp_path / "stl10_binary")
+    with pytest.raises(DataError, match="unlabeled_X.bin not found"):
+        load(name="stl10", root=str(tmp_path), unlabeled=True)
+    with pytest.raises(ConfigError, match="dataset.unlabeled: only stl10"):
+        from_dict({"dataset": {"name": "cifar10", "unlabeled": True}})
+    (tmp_path / "stl10_binary" / "unlabeled_X.bin").write_bytes(b"\0" * 1000)
+    with pytest.raises(DataError, match="not a whole number of 3x96x96 images"):
+        load(name="stl10", root=str(tmp_path), unlabeled=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Headers first: sizes are checked before data is read or decompressed
+
+def test_idx_header_is_checked_before_decompressing(tmp_path, monkeypatch):
+    from augtune.data import formats
+
+    write_fashion(tmp_path)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as f:  # claims 10^6 images of 10^4 x 10^4: 10^14 bytes
+        f.write(struct.pack(">IIII", 2051, 10**6, 10**4, 10**4) + b"\0" * 100)
+    with pytest.raises(DataError, match=r"would need 90\.9 TiB of memory") as e:
+        formats.read_idx(path, ndim=3)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(DataError, match=r"header says shape \(1000000, 10000, 10000\), expected Nx28x28"):
+        formats.read_idx(path, ndim=3, shape=(None, 28, 28))
+    # a true bomb: a plausible header, then far more zeros than it says (read: its size, plus one byte)
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(struct.pack(">IIII", 2051, 20, 28, 28))
+        for _ in range(64):
+            f.write(b"\0" * (1 << 20))
+    with pytest.raises(DataError, match="IDX size mismatch.*holds more bytes than that"):
+        load(name="fashion_mnist", root=str(tmp_path))
+    # what fits the header but not the memory left is refused before it is read
+    write_fashion(tmp_path)
+    monkeypatch.setattr(formats, "available_memory", lambda: 1000)
+    with pytest.raises(DataError, match="only 1000 bytes is available"):
+        load(name="fashion_mnist", root=str(tmp_path))
+
+
+def _npz_with_header(path: Path, shape: tuple[int, ...], payload: bytes = b"") -> None:
+    """An .npz whose x.npy header claims `shape` float32 but holds `payload` (and a plain y)."""
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", head.getvalue() + payload)
+        buf = io.BytesIO()
+        np.save(buf, np.zeros(4, dtype=np.int64))
+        z.writestr("y.npy", buf.getvalue())
+
+
+def test_npz_headers_are_checked_before_loading(tmp_path, monkeypatch):
+    from augtune.data import formats
+
+    _npz_with_header(tmp_path / "claims.npz", (2**24, 1024), b"\0" * 1024)  # 64 GiB claimed, 1 KiB held
+    with pytest.raises(DataError, match=r"header says float32 \(16777216, 1024\).*the file is corrupt"):
+        load(name="arrays", path=str(tmp_path / "claims.npz"))
+    x = np.zeros((4, 1000), dtype=np.float32)
+    np.savez_compressed(tmp_path / "ok.npz", x=x, y=np.arange(4) % 2)
+    monkeypatch.setattr(formats, "available_memory", lambda: 10_000)
+    with pytest.raises(DataError, match=r"its arrays \(x \(4, 1000\), y \(4,\)\) would need 15\.7 KiB"):
+        load(name="arrays", path=str(tmp_path / "ok.npz"))
+    monkeypatch.setattr(formats, "available_memory", lambda: None)  # unknown: no check
+    s = load(name="arrays", path=str(tmp_path / "ok.npz"), shared=False)
+    assert len(s.y_train) + len(s.y_test) == 4
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}] * 4, dtype=object), y=np.arange(4))
+    with pytest.raises(DataError, match="holds Python objects"):
+        load(name="arrays", path=str(tmp_path / "obj.npz"))
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(DataError, match="not a readable .npz file"):
+        load(name="arrays", path=str(tmp_path / "empty.npz"))
+
+
+def test_npz_memory_error_is_one_line(tmp_path, monkeypatch):
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 3)), y=np.arange(10) % 2)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(np.lib.format, "read_array", no_memory)
+    with pytest.raises(DataError, match="not enough memory to read its arrays") as e:
+        load(name="arrays", path=str(tmp_path / "d.npz"))
+    assert "\n" not in str(e.value)
+
+
+def test_arrays_uint8_images_are_pixel_counts_and_nan_is_found_past_the_first_chunk(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(30, 3, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "img.npz", x=x, y=np.arange(30) % 3)
+    s = load(name="arrays", path=str(tmp_path / "img.npz"), shared=False)
+    check_split(s)
+    assert s.x_train.dtype == torch.uint8  # held compact; as_float gives [0, 1]
+    assert float(as_float(s.x_train).max()) <= 1.0
+    v = load(name="arrays", path=str(tmp_path / "img.npz"), as_vectors=True, standardize=False, shared=False)
+    assert v.x_train.dtype == torch.float32 and float(v.x_train.max()) <= 1.0
+    xv = np.zeros((ds._CHUNK + 50, 3), dtype=np.float64)
+    xv[ds._CHUNK + 7, 1] = np.inf
+    np.savez(tmp_path / "inf.npz", x=xv, y=np.arange(len(xv)) % 2)
+    with pytest.raises(DataError, match=f"first in sample {ds._CHUNK + 7}"):
+        load(name="arrays", path=str(tmp_path / "inf.npz"))
+    # float64 vectors: subsampled first, then float32
+    xs = rng.normal(size=(200, 4))
+    np.savez(tmp_path / "vec.npz", x=xs, y=np.arange(200) % 2)
+    sv = load(name="arrays", path=str(tmp_path / "vec.npz"), max_train=20, standardize=False, shared=False)
+    assert sv.x_train.dtype == torch.float32 and len(sv.x_train) == 20
+    assert {tuple(r) for r in sv.x_train.tolist()} <= {tuple(r) for r in xs.astype(np.float32).tolist()}

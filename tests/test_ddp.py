@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import math
 from pathlib import Path
 
 import pytest
@@ -38,14 +39,25 @@ LOSS_RTOL = 1e-6  # the loop sums epoch losses in float32: DDP's mean of rank me
 # The spawned runs: (name, base, what to break). One spawn does them all (start-up dominates).
 RUNS = [(base, base, None) for base in BASES] + [("simclr-no-allreduce", "simclr", "allreduce"),
                                                   ("simclr-no-gather", "simclr", "gather")]
+# Augmentations draw their own randomness per rank (PiNDA's slots, NRCC's seeds, DiffAug's replacements,
+# CoCor's labelled batch), so they are not one big batch; but every update, their own included, is
+# averaged over the ranks, so the ranks must stay in lockstep.
+AUGMENTED = ["simclr+pinda", "byol+nrcc", "moco+cocor", "simclr+diffaug"]
+RUNS += [(name, name, None) for name in AUGMENTED]
+AUGMENT_SETTINGS = {
+    "pinda": {"generator": "unet", "width": 4},
+    "cocor": {"label_fraction": 0.1, "meta_batch": 16},
+    "diffaug": {"schedule": "A:1,B:1", "steps": 20, "sample_steps": 5, "gen_width": 4, "gen_steps": 2},
+}
 
 
-def ddp_cfg(base: str):
-    return from_dict({
+def ddp_cfg(name: str):
+    base, *augment = name.split("+")
+    return from_dict({**{k: AUGMENT_SETTINGS.get(k, {}) for k in augment},
         "dataset": {"name": "digits", "max_train": 256, "max_test": 64},
         "model": {"backbone": "cnn", "width": 4, "norm": "none",
                   "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
-        "method": {"base": base, "queue_size": 128},
+        "method": {"base": base, "augment": augment, "queue_size": 128},
         "train": {"epochs": 2, "batch_size": 64, "lr": 1e-3, "device": "cpu", "precision": "fp32",
                   "num_threads": 1},
         "eval": {"every": 0, "metrics": ["knn"], "references": False},
@@ -57,6 +69,13 @@ def float64(data):
     data = copy.copy(data)
     object.__setattr__(data, "x_train", data.x_train.double())
     object.__setattr__(data, "x_test", data.x_test.double())
+    return data
+
+
+def float32(data):
+    data = copy.copy(data)
+    object.__setattr__(data, "x_train", data.x_train.float())
+    object.__setattr__(data, "x_test", data.x_test.float())
     return data
 
 
@@ -92,23 +111,35 @@ def _worker(rank: int, init_file: str, out_dir: str, data, runs) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120))
-    real_allreduce, real_gather = loop.allreduce_gradients, losses.gather_with_grad
+    real_allreduce, real_gather, real_wrap = (
+        loop.allreduce_gradients,
+        losses.gather_with_grad,
+        loop.Trainer._wrap_ddp,
+    )
     try:
         for name, base, broken in runs:
-            # Both are looked up in their modules at call time (train_epoch, nt_xent).
+            # All are looked up at call time (train_epoch, nt_xent, Trainer.__init__).
             loop.allreduce_gradients = real_allreduce
             losses.gather_with_grad = real_gather
-            if broken == "allreduce":
+            loop.Trainer._wrap_ddp = real_wrap
+            if broken == "allreduce":  # neither DDP's bucketed reduction nor the flat one
                 loop.allreduce_gradients = lambda params, world_size: None
+                loop.Trainer._wrap_ddp = lambda self: self.method
             elif broken == "gather":
                 losses.gather_with_grad = lambda x: (x, 0)  # negatives from this rank only
-            trainer = make_trainer(base, data, rank=rank, world_size=WORLD)
+            if "+" in name:  # lockstep needs no float64 (ranks must agree exactly, in any precision)
+                trainer = Trainer(
+                    ddp_cfg(name), float32(data), log=lambda s: None, rank=rank, world_size=WORLD
+                )
+            else:
+                trainer = make_trainer(base, data, rank=rank, world_size=WORLD)
             trainer.fit()
             torch.save({"state": trainer.method.state_dict(), "history": trainer.history},
                        Path(out_dir) / f"{name}.rank{rank}.pt")
             dist.barrier()
     finally:
         loop.allreduce_gradients, losses.gather_with_grad = real_allreduce, real_gather
+        loop.Trainer._wrap_ddp = real_wrap
         dist.destroy_process_group()
 
 
@@ -212,3 +243,13 @@ def test_nt_xent_gather_is_identity_without_process_group():
     assert torch.equal(gathered, local)
     for a, b in zip(grads, grads_local):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", AUGMENTED)
+def test_augmented_ranks_stay_in_lockstep(ddp_runs, name):
+    """Every update of an augmentation (PiNDA's generator with the encoder, CoCor's MMNN step, DiffAug's
+    generator phase and extra steps) is averaged over the ranks: their weights stay identical."""
+    r0, r1 = load(ddp_runs, name, 0), load(ddp_runs, name, 1)
+    diffs = float_diffs(r0["state"], r1["state"])
+    assert max(diffs.values()) == 0.0, {k: v for k, v in diffs.items() if v}
+    assert all(math.isfinite(h["loss"]) for h in r0["history"])

@@ -7,22 +7,18 @@ import math
 import pytest
 import torch
 
+from augtune.checks import check_config
 from augtune.config import ConfigError, from_dict, to_dict
 from augtune.data import load_dataset
 from augtune.methods import Batch, StepInfo
 from augtune.methods.diffaug_ops import (DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, log_t_kernel,
                                          soft_contrastive_loss, t_kernel)
 from augtune.trainables.loop import Trainer
+from augtune.plots import end_of_run_figures
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine torch's spinning threads make these 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +51,9 @@ def test_kernel_decreases_with_distance_and_small_nu_has_heavier_tails():
         assert torch.all(k[1:] < k[:-1])
     far = torch.tensor([1e4])
     zero = torch.zeros(1)
-    assert log_t_kernel(far, 0.01) - log_t_kernel(zero, 0.01) > log_t_kernel(far, 100.0) - log_t_kernel(zero, 100.0)
+    assert log_t_kernel(far, 0.01) - log_t_kernel(zero, 0.01) > log_t_kernel(far, 100.0) - log_t_kernel(
+        zero, 100.0
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +132,8 @@ def test_p_and_q_lie_in_the_unit_interval():
 
 @pytest.mark.parametrize("alpha", [0.0, 1e-4, 0.5])
 def test_soft_loss_differs_from_the_bce_form_of_cl_by_eq17(alpha):
-    """L_CL - L_SCL = sum_j (H_cj - R_cj kappa(d^y_cj)) log(1/kappa(d^z_cj) - 1) (eq. 17, exact with H fixed)."""
+    """L_CL - L_SCL = sum_j (H_cj - R_cj kappa(d^y_cj)) log(1/kappa(d^z_cj) - 1) (eq. 17, exact with H
+    fixed)."""
     y, z, z_bg, same = _views(seed=1)
     nu_y, nu_z = 100.0, 1.0
     q = t_kernel(z, z_bg, nu_z).double()
@@ -148,7 +147,8 @@ def test_soft_loss_differs_from_the_bce_form_of_cl_by_eq17(alpha):
 
 
 def test_with_p_equal_to_h_the_soft_loss_is_the_bce_form_of_cl():
-    """Lemma B.1's L_CL^p: when P_cj = H_cj (here: alpha = ln(1/kappa(0)), negatives far in y) the two agree."""
+    """Lemma B.1's L_CL^p: when P_cj = H_cj (here: alpha = ln(1/kappa(0)), negatives far in y) the two
+    agree."""
     y, z, z_bg, same = _views(seed=3)
     y = y * 100  # negatives: kappa_{nu_y}(d^y) underflows to 0
     nu_y, nu_z = 100.0, 1.0
@@ -156,7 +156,9 @@ def test_with_p_equal_to_h_the_soft_loss_is_the_bce_form_of_cl():
     q = t_kernel(z, z_bg, nu_z).double()
     h = same.double()
     l_cl = (-(h * q.log() + (1 - h) * (1 - q).log())).sum(1).mean()
-    assert soft_contrastive_loss(y, z, z_bg, same, nu_y, nu_z, alpha).item() == pytest.approx(l_cl.item(), rel=1e-4)
+    assert soft_contrastive_loss(y, z, z_bg, same, nu_y, nu_z, alpha).item() == pytest.approx(
+        l_cl.item(), rel=1e-4
+    )
 
 
 def test_soft_loss_is_continuous_as_alpha_goes_to_zero_and_pulls_positives():
@@ -238,7 +240,8 @@ def test_unet_denoiser_keeps_shapes_and_conditions_each_block():
     torch.manual_seed(0)
     for shape in ((1, 8, 8), (1, 28, 28), (3, 32, 32)):
         net = UNetDenoiser(shape[0], cond_dim=5, width=4, emb=16)
-        assert torch.all(net(torch.randn(2, *shape), torch.tensor([0, 9]), torch.randn(2, 5)) == 0)  # zero-init output
+        # zero-init output
+        assert torch.all(net(torch.randn(2, *shape), torch.tensor([0, 9]), torch.randn(2, 5)) == 0)
         torch.nn.init.normal_(net.outc.weight)
         x = torch.randn(2, *shape)
         t = torch.tensor([0, 9])
@@ -259,27 +262,44 @@ def test_unet_denoiser_keeps_shapes_and_conditions_each_block():
 ])
 def test_bad_schedules_are_refused_naming_the_key(schedule, message):
     with pytest.raises(ConfigError) as e:
-        from_dict({"diffaug": {"schedule": schedule}})
-    assert str(e.value).startswith("diffaug.schedule: ") and message in str(e.value) and "\n" not in str(e.value)
+        check_config(from_dict({"diffaug": {"schedule": schedule}}))
+    assert (
+        str(e.value).startswith("diffaug.schedule: ") and message in str(e.value) and "\n" not in str(e.value)
+    )
 
 
 def test_good_schedules_pass():
     for s in ("A:200,B:400,A:800", "A:330,B:330,A:340", "sync", "A:1"):
-        assert from_dict({"diffaug": {"schedule": s}}).diffaug.schedule == s
+        assert check_config(from_dict({"diffaug": {"schedule": s}})).diffaug.schedule == s
 
 
 # ---------------------------------------------------------------------------------------------
 # In the loop: phases, generated positives at rate lambda, a smoke run on digits-as-vectors
 
 def _cfg(**diffaug):
-    return from_dict({
-        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
-        "model": {"hidden_dim": 64, "num_layers": 2, "embed_dim": 32, "proj_hidden_dim": 32, "proj_dim": 8},
-        "method": {"base": "simclr", "augment": ["diffaug"]},
-        "train": {"epochs": 3, "batch_size": 64},
-        "diffaug": {"schedule": "A:1,B:1,A:1", "steps": 20, "sample_steps": 5, "gen_hidden": 32, **diffaug},
-        "eval": {"metrics": ["knn"], "epoch_metrics": ["knn"], "references": False},
-    })
+    return from_dict(
+        {
+            "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+            "model": {
+                "hidden_dim": 64,
+                "num_layers": 2,
+                "embed_dim": 32,
+                "proj_hidden_dim": 32,
+                "proj_dim": 8,
+            },
+            "method": {"base": "simclr", "augment": ["diffaug"]},
+            "train": {"epochs": 3, "batch_size": 64},
+            "diffaug": {
+                "schedule": "A:1,B:1,A:1",
+                "steps": 20,
+                "sample_steps": 5,
+                "gen_hidden": 32,
+                "gen_steps": 1,
+                **diffaug,
+            },
+            "eval": {"metrics": ["knn"], "epoch_metrics": ["knn"], "references": False},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -295,11 +315,15 @@ def test_smoke_run_trains_encoder_in_a_and_generator_in_b(digits):
     e0, g0 = enc(), gen()
     trainer.fit(stop_after=1)  # A
     e1, g1 = enc(), gen()
-    assert any(not torch.equal(a, b) for a, b in zip(e0, e1)) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert any(not torch.equal(a, b) for a, b in zip(e0, e1)) and all(
+        torch.equal(a, b) for a, b in zip(g0, g1)
+    )
     assert aug.positives is None  # before the first B-step: ordinary augmentation only
     trainer.fit(stop_after=2)  # B
     e2, g2 = enc(), gen()
-    assert all(torch.equal(a, b) for a, b in zip(e1, e2)) and any(not torch.equal(a, b) for a, b in zip(g1, g2))
+    assert all(torch.equal(a, b) for a, b in zip(e1, e2)) and any(
+        not torch.equal(a, b) for a, b in zip(g1, g2)
+    )
     final = trainer.fit()  # A again, with generated positives
     h = trainer.history
     assert [e["phase"] for e in h] == ["A", "B", "A"]
@@ -347,6 +371,32 @@ def test_sync_trains_both_every_step_and_lambda_zero_never_generates(digits):
     assert int(aug.updates) == 2 * trainer.steps_per_epoch and aug.positives is None
 
 
+@pytest.mark.parametrize("kind", ["beta", "posterior"])
+def test_sample_variance_reaches_every_sampling_call(tmp_path, digits, monkeypatch, kind):
+    """diffaug.sample_variance is what the buffer's refresh and the end-of-run figure sample with."""
+    from augtune.trainables import train_run
+
+    seen = []
+    sample = DDPM.sample
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("sample_variance"))
+        return sample(self, *args, **kwargs)
+
+    monkeypatch.setattr(DDPM, "sample", spy)
+    cfg = from_dict({**to_dict(_cfg(lam=0.5, sample_variance=kind)),
+                     "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False}})
+    record = train_run(cfg, digits, tmp_path / "run", log=lambda s: None, on_completed=end_of_run_figures)
+    assert record["status"] == "completed" and record["figures"] and "figure_errors" not in record
+    assert len(seen) >= 4 and set(seen) == {kind}  # one refresh (the last A epoch) + three figure columns
+    assert record["config"]["diffaug"]["sample_variance"] == kind
+
+
+def test_unknown_sample_variance_is_a_config_error():
+    with pytest.raises(ConfigError, match="diffaug.sample_variance"):
+        from_dict({"diffaug": {"sample_variance": "fixed_large"}})
+
+
 def test_continuing_from_a_checkpoint_is_bitwise_identical(tmp_path, digits):
     cfg = _cfg(lam=0.5)
     straight = Trainer(cfg, digits, log=lambda s: None)
@@ -359,6 +409,31 @@ def test_continuing_from_a_checkpoint_is_bitwise_identical(tmp_path, digits):
     second.fit()
     a, b = straight.method.state_dict(), second.method.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_holds_the_generator_once_where_its_ema_is_the_same(tmp_path, digits):
+    """Before the first generator update, and after the last B-phase (where the generator, never trained
+    again, becomes the EMA that samples), the two copies are equal: a checkpoint stores one, and loading it
+    restores both bit for bit. Between, both are stored."""
+    cfg = _cfg(lam=0.5)  # A:1,B:1,A:1
+    trainer = Trainer(cfg, digits, log=lambda s: None)
+    aug = trainer.method.augments[0]
+    held, ema_after_b = {}, None
+    for stop in (1, 2, 3):
+        trainer.fit(tmp_path / f"c{stop}.pt", stop_after=stop)
+        held[stop] = sum(k.startswith("augments.0.ema_generator.") for k in
+                         torch.load(tmp_path / f"c{stop}.pt", weights_only=True)["method"])
+        fresh = Trainer(cfg, digits, log=lambda s: None)
+        fresh.load_checkpoint(tmp_path / f"c{stop}.pt")
+        for net in ("generator", "ema_generator"):
+            a, b = getattr(aug, net).state_dict(), getattr(fresh.method.augments[0], net).state_dict()
+            assert all(torch.equal(a[k], b[k]) for k in a), (stop, net)
+        if stop == 2:
+            ema_after_b = copy.deepcopy(aug.ema_generator.state_dict())
+            assert not aug.ema_is_generator()
+    assert held == {1: 0, 2: len(aug.ema_generator.state_dict()), 3: 0}
+    gen = aug.generator.state_dict()
+    assert all(torch.equal(gen[k], v) for k, v in ema_after_b.items())  # the generator is now its EMA
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +451,7 @@ def test_image_run_with_the_unet_draws_its_figure_at_the_end(tmp_path):
         "eval": {"metrics": ["knn"], "epoch_metrics": [], "references": False},
     })
     data = load_dataset(cfg.dataset)
-    record = train_run(cfg, data, tmp_path / "run", log=lambda s: None)
+    record = train_run(cfg, data, tmp_path / "run", log=lambda s: None, on_completed=end_of_run_figures)
     assert record["status"] == "completed" and "figure_errors" not in record
     assert record["figures"] == ["figures/diffaug_samples_digits_lam0.5_seed0.png"]
     assert (tmp_path / "run" / "figures" / "diffaug_samples_digits_lam0.5_seed0.png").stat().st_size > 1000
@@ -392,7 +467,7 @@ def test_plot_draws_violins_per_lambda_and_the_lambda_curve(tmp_path, digits):
         cfg = _cfg(lam=lam)
         evals = {"metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}
         cfg = from_dict({**to_dict(cfg), "eval": evals})
-        train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None)
+        train_run(cfg, digits, tmp_path / f"lam{lam}", log=lambda s: None, on_completed=end_of_run_figures)
     files = plot("diffaug", find_runs([tmp_path]), tmp_path / "figs")
     names = sorted(p.name for p in files)
     assert names == ["diffaug_lambda_digits.png", "diffaug_samples_digits_lam0.0_seed0.png",
@@ -439,3 +514,18 @@ def test_clipping_x0_keeps_a_briefly_trained_generator_in_the_data_range():
         s = ddpm.sample(net, c, (32,), steps, clip)
         assert torch.all((s >= clip[0]) & (s <= clip[1]))  # the last step returns the clamped x0
         assert (s.mean(1) - sign).abs().mean() < 0.2 * (free.mean(1) - sign).abs().mean()
+
+
+def test_generator_steps_scale_with_the_data_when_not_given():
+    """gen_steps None: about 800 updates over the run's B-phases, 1 where the data alone gives them."""
+    from augtune.methods.diffaug import DiffAug
+
+    def steps(epochs, n, batch, schedule="A:200,B:400,A:800"):
+        return DiffAug.auto_gen_steps(from_dict({"train": {"epochs": epochs, "batch_size": batch},
+                                                 "diffaug": {"schedule": schedule}}), n)
+
+    assert steps(200, 50000, 256) == 1  # 57 B-epochs x 195 batches: plenty already
+    assert steps(30, 1257, 128) == 10  # digits: 9 B-epochs x 9 batches = 81 -> 10 per batch
+    assert steps(20, 1257, 256) == 32  # capped
+    assert steps(10, 1257, 128, "sync") == 9
+    assert _cfg(gen_steps=None).diffaug.gen_steps is None

@@ -154,7 +154,9 @@ def test_softmax_regression_seeded_and_leaves_global_rng_alone():
 
 def test_softmax_regression_hand_gradient_matches_autograd_adam():
     x, y = torch.randn(70, 6, generator=torch.Generator().manual_seed(0)), torch.arange(70) % 3
-    wb = _fit_softmax_regression(x, y, 3, epochs=3, lr=1e-2, batch_size=16, gen=torch.Generator().manual_seed(5))
+    wb = _fit_softmax_regression(
+        x, y, 3, epochs=3, lr=1e-2, batch_size=16, gen=torch.Generator().manual_seed(5)
+    )
     # reference: nn.Linear-style init, autograd, torch.optim.Adam, the same draws from the generator
     gen = torch.Generator().manual_seed(5)
     w = ((torch.rand(3, 6, generator=gen) * 2 - 1) / 6 ** 0.5).requires_grad_()

@@ -12,12 +12,13 @@ from augtune.data import load_dataset
 from augtune.methods import AUGMENTATIONS, Augmentation, OptimizerSpec
 from augtune.trainables.loop import NonFiniteLoss, Trainer, lr_factor
 from augtune.trainables.run import train_run
+from conftest import TINY_CNN
 
 
 def digits_cfg(**sections):
     data = {
         "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
-        "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+        "model": TINY_CNN,
         "method": {"queue_size": 128},
         "train": {"epochs": 3, "batch_size": 64, "lr": 1e-3, "warmup_epochs": 1},
         "eval": {"every": 1, "epoch_metrics": ["knn"], "metrics": ["knn"], "references": False},
@@ -38,7 +39,9 @@ def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("base", ["simclr", "byol", "moco", "simsiam"])
 def test_stop_and_continue_from_checkpoint_is_bitwise_identical(tmp_path, digits, base):
-    cfg = digits_cfg(method={"base": base}, train={"optimizer": "sgd", "lr": 0.05} if base == "simsiam" else {})
+    cfg = digits_cfg(
+        method={"base": base}, train={"optimizer": "sgd", "lr": 0.05} if base == "simsiam" else {}
+    )
     straight = Trainer(cfg, digits)
     straight.fit()
 
@@ -119,9 +122,19 @@ def test_unknown_phase_name_is_refused(monkeypatch, digits):
         Trainer(digits_cfg(method={"augment": ["toy"]}, train={"phases": "A:1,C:1"}), digits)
 
 
-def test_nan_loss_stops_the_run_and_the_record_says_why(tmp_path, digits):
-    cfg = digits_cfg(train={"lr": 1e30, "optimizer": "sgd", "warmup_epochs": 0})
-    with pytest.raises(NonFiniteLoss, match=r"at epoch \d+, step \d+"):
+class NaNAfterFiveSteps(Augmentation):
+    """A loss term that becomes NaN at the sixth step (a diverged run, made on purpose)."""
+
+    name = "nan_after_five"
+
+    def loss_terms(self, batch, out, method, info):
+        return {"bad": torch.tensor(float("nan") if info.step >= 5 else 0.0)}
+
+
+def test_nan_loss_stops_the_run_and_the_record_says_why(tmp_path, digits, monkeypatch):
+    monkeypatch.setitem(AUGMENTATIONS, "nan_after_five", NaNAfterFiveSteps)
+    cfg = digits_cfg(method={"augment": ["nan_after_five"]})
+    with pytest.raises(NonFiniteLoss, match=r"at epoch 2, step 2 \(global step 6\)"):
         train_run(cfg, digits, tmp_path / "run", log=lambda s: None)
     record = json.loads((tmp_path / "run" / "record.json").read_text())
     assert record["status"] == "failed" and "epoch" in record["error"]
@@ -149,3 +162,128 @@ def test_checkpoint_loads_with_weights_only(tmp_path, digits):
     state = torch.load(tmp_path / "c.pt", weights_only=True)
     assert {"method", "optimizers", "rng_cpu", "epoch", "history"} <= set(state)
     assert "objective.queue" in state["method"]  # MoCo's queue travels with the weights
+
+
+def test_references_are_computed_once_and_reused_with_identical_numbers(tmp_path, digits, monkeypatch):
+    cache = tmp_path / "refs"
+    cfg = digits_cfg(eval={"references": True, "reference_cache": str(cache), "metrics": ["knn", "kmeans"]})
+    first = Trainer(cfg, digits)
+    refs = first.evaluate_references()
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["random", "raw"]
+    calls = []
+    real = Trainer.evaluate
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+    again = Trainer(cfg, digits).evaluate_references()  # a second trial with the same inputs
+    assert calls == [] and again == refs
+    other_seed = Trainer(digits_cfg(eval={"references": True, "reference_cache": str(cache),
+                                          "metrics": ["knn", "kmeans"]}, train={"seed": 7}), digits)
+    other = other_seed.evaluate_references()
+    assert len(calls) == 1  # random-init depends on the seed; raw does not
+    assert other["raw"] == refs["raw"]
+
+
+def test_epoch_metrics_only_where_read(digits):
+    cfg = digits_cfg(train={"epochs": 5}, eval={"every": 0, "at": [2, 3]})
+    trainer = Trainer(cfg, digits)
+    trainer.fit()
+    assert [("knn_acc" in h) for h in trainer.history] == [False, True, True, False, True]  # the last: final
+
+
+def test_a_search_trial_with_the_default_eval_settings_evaluates_only_at_the_rungs(digits, tmp_path):
+    """eval.every left at its default: `augtune train` evaluates every epoch, a search's trial only where
+    ASHA reads its metric (rungs 1, 2, 4 of 6 epochs with grace 1, factor 2) and at the end."""
+    from augtune.config import to_dict
+    from augtune.search.plan import trial_base
+
+    data = to_dict(digits_cfg(train={"epochs": 6}, search={"scheduler": "asha", "grace_period": 1,
+                                                         "reduction_factor": 2, "metric": "knn_acc"}))
+    data["eval"].pop("every")
+    alone = Trainer(from_dict(data), digits)
+    alone.fit()
+    assert all("knn_acc" in h for h in alone.history)
+    trial = Trainer(from_dict(trial_base(from_dict(data), str(tmp_path))), digits)
+    trial.fit()
+    assert [h["epoch"] for h in trial.history if "knn_acc" in h] == [1, 2, 4, 6]
+
+
+def test_monitoring_uses_a_fixed_subsample_and_the_end_all_samples(digits):
+    cfg = digits_cfg(train={"epochs": 2}, eval={"every": 1, "monitor_size": 50})
+    trainer = Trainer(cfg, digits)
+    seen = []
+    real = trainer.evaluate
+
+    def spy(metrics, fn=None, monitor=False, seed=None):
+        seen.append(monitor)
+        return real(metrics, fn, monitor, seed)
+
+    trainer.evaluate = spy
+    trainer.fit()
+    assert seen == [True, False]
+    a, b = trainer._monitor_index(200, "test"), trainer._monitor_index(200, "test")
+    assert torch.equal(a, b) and len(a) == 50 and trainer._monitor_index(40, "test") is None
+
+
+def test_checkpoint_every_takes_epochs_or_a_duration():
+    from augtune.config import ConfigError
+    from augtune.trainables.loop import checkpoint_due
+
+    assert [checkpoint_due(e, 6, 2) for e in range(1, 7)] == [False, True, False, True, False, True]
+    assert [checkpoint_due(e, 6, 0) for e in range(1, 7)] == [False] * 5 + [True]
+    assert checkpoint_due(3, 6, "5min", since_last_s=299) is False
+    assert checkpoint_due(3, 6, "5min", since_last_s=300) is True
+    assert checkpoint_due(6, 6, "1h", since_last_s=0) is True  # the last epoch always
+    assert checkpoint_due(3, 6, None, default="30s", since_last_s=31) is True
+    assert digits_cfg(train={"checkpoint_every": "1.5h"}).train.checkpoint_every == "1.5h"
+    with pytest.raises(
+        ConfigError, match="train.checkpoint_every: expected a number of epochs or a duration"
+    ):
+        digits_cfg(train={"checkpoint_every": "soon"})
+
+
+def read_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    """Scalars of the TensorBoard event files in `folder`, read with tensorboardX's own protobufs
+    (TFRecord framing: length, its CRC, the Event, its CRC)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
+
+
+def test_train_writes_tensorboard_scalars_into_its_run_folder(tmp_path, digits):
+    record = train_run(digits_cfg(), digits, tmp_path / "run", log=lambda s: None)
+    scalars = read_scalars(tmp_path / "run")
+    assert [step for step, _ in scalars["loss"]] == [1, 2, 3]
+    assert [v for _, v in scalars["loss"]] == pytest.approx([e["loss"] for e in record["epochs"]])
+    assert "knn_acc" in scalars and "epoch_time_s" in scalars
+
+
+def test_channels_last_trains_the_same_numbers(digits):
+    """A GPU switch, checked for correctness on the CPU: NHWC memory order changes no result beyond
+    float rounding."""
+    plain = Trainer(digits_cfg(train={"epochs": 2}), digits)
+    plain.fit()
+    nhwc = Trainer(digits_cfg(train={"epochs": 2, "channels_last": True}), digits)
+    nhwc.fit()
+    assert [h["loss"] for h in nhwc.history] == pytest.approx([h["loss"] for h in plain.history], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_backbone_trains_the_same_numbers_and_keeps_checkpoint_keys(tmp_path, digits):
+    plain = Trainer(digits_cfg(train={"epochs": 1}), digits)
+    plain.fit()
+    compiled = Trainer(digits_cfg(train={"epochs": 1, "compile": True}), digits)
+    compiled.fit(tmp_path / "c.pt")
+    assert compiled.history[0]["loss"] == pytest.approx(plain.history[0]["loss"], rel=1e-4)
+    state = torch.load(tmp_path / "c.pt", weights_only=True)["method"]
+    assert state.keys() == plain.method.state_dict().keys()  # no _orig_mod. prefix

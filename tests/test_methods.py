@@ -89,7 +89,7 @@ def test_simsiam_stop_gradient_means_z_branch_gets_gradient_only_through_p():
     obj.eval()
     v1 = torch.randn(4, 10, requires_grad=True)
     v2 = torch.randn(4, 10, requires_grad=True)
-    z1, z2 = obj.project(v1), obj.project(v2)
+    z1, z2 = obj.embed(v1), obj.embed(v2)
     negative_cosine(obj.predictor(z1), z2).backward()
     assert v1.grad is not None and v2.grad is None
 
@@ -121,6 +121,28 @@ def test_momentum_update_is_exact():
         assert torch.allclose(new, 0.9 * t + 0.1 * o, atol=1e-7)
 
 
+@pytest.mark.parametrize("base", ["byol", "moco"])
+def test_target_batchnorm_keeps_its_own_statistics_unless_told_to_copy(base):
+    """BYOL's, MoCo's and lightly's targets keep the running statistics of their own forward passes;
+    `method.target_bn: online` copies the online network's instead (augtune before 0.2)."""
+    for mode in ("own", "online"):
+        torch.manual_seed(0)
+        obj = build_method(tiny_cfg(base, method={"target_bn": mode}), vector_data()).objective.train()
+        x = torch.randn(16, 10)
+        for _ in range(3):
+            # both networks see it
+            obj.loss(x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x), info())
+            mine = [b.clone() for b in obj.target_buffers()]
+            obj.after_step(info())
+        bn = [(t, o) for t, o in zip(obj.target_buffers(), obj.online_buffers()) if t.dtype.is_floating_point]
+        assert bn, "the tiny MLP has BatchNorm"
+        if mode == "own":  # the step moved only parameters: the buffers are what the target's passes made
+            assert all(torch.equal(a, b) for a, b in zip(mine, obj.target_buffers()))
+            assert any(not torch.equal(t, o) for t, o in bn)
+        else:
+            assert all(torch.equal(t, o) for t, o in bn)
+
+
 def test_byol_momentum_follows_cosine_schedule():
     assert cosine_momentum(0.99, 0.0) == pytest.approx(0.99)
     assert cosine_momentum(0.99, 0.5) == pytest.approx(0.995)
@@ -150,11 +172,11 @@ def test_twenty_steps_lower_the_loss(base):
     def step(i: int) -> float:
         gen = torch.Generator().manual_seed(i % 2)  # two fixed pairs of views: a learnable target
         views = [x + 0.1 * torch.randn(x.shape, generator=gen) for _ in range(2)]
-        loss, _ = method(Batch(x=x, views=views, index=torch.arange(len(x))), info(i, 20))
+        loss, _, batch = method(Batch(x=x, views=views, index=torch.arange(len(x))), info(i, 20))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        method.after_step(None, info(i, 20), {})
+        method.after_step(batch, info(i, 20), None)
         return loss.item()
 
     losses = [step(i) for i in range(20)]

@@ -1,6 +1,8 @@
 """NRCC: GridShift, SGHMC, the regulariser's gradients (eqs. 10-11, 13-14), clustering without k."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from augtune.methods.nrcc import nrcc_log_ratio, nrcc_regulariser, sghmc
 from augtune.plots import load_run, plot
 from augtune.trainables import train_run
 from augtune.trainables.loop import Trainer
+from augtune.plots import end_of_run_figures
 
 INFO = StepInfo(0, 0, 10)
 
@@ -89,10 +92,57 @@ def test_sghmc_zero_steps_returns_the_seed_and_paper_order_moves_by_the_first_mo
     torch.manual_seed(0)
     w, x, seed = torch.randn(4, 6), torch.randn(8, 6), torch.randn(8, 6)
     density = _density(w, x)
-    assert torch.equal(sghmc(seed, density, 0.1, 0.05, 0.99, steps=0), seed)
+    assert torch.equal(sghmc(seed, density, 0.1, 0.05, 0.99, steps=0)[0], seed)
     r0 = torch.randn(8, 6)
-    one = sghmc(seed, density, 0.1, 0.05, 0.99, steps=1, p0=r0)
+    one, by_grad = sghmc(seed, density, 0.1, 0.05, 0.99, steps=1, order="paper", p0=r0)
     assert torch.allclose(one, seed + 0.05 * r0)  # eq. 18: s1 = s0 + delta2 p0, the gradient not yet used
+    assert torch.equal(by_grad, torch.zeros_like(seed))
+
+
+def _official_sghmc(seed, density, d1, d2, d3, steps, p0, noise, clip=1.0):
+    """The official code's SGHMC, written out sample by sample: momentum first, gradient clipped."""
+    out = []
+    for i in range(seed.shape[0]):
+        s, p = seed[i].clone(), p0[i].clone()
+        for j in range(steps):
+            x = s.clone().requires_grad_(True)
+            rows = torch.cat([seed[:i], x[None], seed[i + 1:]])  # the density of row i reads only row i
+            (g,) = torch.autograd.grad(density(rows)[i], x)
+            p = (1 - d1) * p - d2 * g.clamp(-clip, clip) + d3 * noise[j][i]
+            s = s + d2 * p
+        out.append(s)
+    return torch.stack(out)
+
+
+def test_sghmc_default_order_and_clip_reproduce_the_official_code_over_seeds():
+    for trial in range(20):
+        torch.manual_seed(trial)
+        w, x, seed, p0 = (torch.randn(n, 6, dtype=torch.float64) for n in (4, 8, 8, 8))
+        density = _density(5 * w, x)  # steep enough that the clip at 1 bites
+        steps = 1 + trial % 3
+        torch.manual_seed(100 + trial)
+        got, _ = sghmc(seed, density, 0.1, 0.05, 0.99, steps, p0=p0, grad_clip=1.0)
+        torch.manual_seed(100 + trial)
+        noise = [torch.randn(8, 6, dtype=torch.float64) for _ in range(steps)]
+        want = _official_sghmc(seed, density, 0.1, 0.05, 0.99, steps, p0, noise)
+        assert torch.allclose(got, want, atol=1e-12), trial
+
+
+def test_sghmc_gradient_part_is_what_the_noise_free_chain_moves():
+    """The displacement splits exactly: with the noise and the initial momentum zero, x^c - seed is
+    the gradient part; the gradient part does not depend on the noise."""
+    for trial in range(10):
+        torch.manual_seed(trial)
+        w, x, seed = torch.randn(4, 6), torch.randn(16, 6), torch.randn(16, 6)
+        density = _density(w, x)
+        zero = torch.zeros_like(seed)
+        for order in ("momentum_first", "paper"):
+            quiet, part = sghmc(seed, density, 0.1, 0.05, 0.0, 3, order=order, p0=zero)
+            assert torch.allclose(quiet - seed, part, atol=1e-6)
+            torch.manual_seed(50 + trial)
+            _, noisy_part = sghmc(seed, density, 0.1, 0.05, 0.99, 1, order=order, p0=zero)
+            _, quiet_part = sghmc(seed, density, 0.1, 0.05, 0.0, 1, order=order, p0=zero)
+            assert torch.allclose(noisy_part, quiet_part, atol=1e-6)  # one step: the gradient at the seed
 
 
 def test_sghmc_without_noise_lowers_the_density_for_a_small_step():
@@ -101,7 +151,7 @@ def test_sghmc_without_noise_lowers_the_density_for_a_small_step():
     density = _density(w, x)
     zero = torch.zeros_like(seed)
     for order, steps in (("momentum_first", 1), ("paper", 2)):
-        s = sghmc(seed, density, 0.1, 0.05, 0.0, steps=steps, order=order, p0=zero)
+        s, _ = sghmc(seed, density, 0.1, 0.05, 0.0, steps=steps, order=order, p0=zero)
         before, after = density(seed), density(s)
         assert (after <= before + 1e-7).all() and (after < before).float().mean() > 0.9, order
 
@@ -115,7 +165,9 @@ def test_sghmc_negatives_reach_no_weight_and_differ_from_their_seeds():
     torch.manual_seed(0)
     method = build_method(cfg, data).train()
     x = data.x_train[:32]
-    batch = Batch(x=x, views=[x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)], index=torch.arange(32))
+    batch = Batch(
+        x=x, views=[x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)], index=torch.arange(32)
+    )
     xc = method.augments[0].negatives(batch, method)
     assert xc.shape == x.shape and not xc.requires_grad
     assert all(p.grad is None for p in method.parameters())
@@ -137,7 +189,9 @@ def _paper_gradient(a, b, c, tau, lam):
         sc[i] = 0  # negatives (x_i^a, x_j^c) with j != i
         attraction = lam * sb[i] / sb.sum() * b[i] / tau  # eq. 10: [1 + lam softmax] on the z_i^b pull
         psi = 1.0 / sb.sum()  # psi'_j
-        repulsion = sum(lam * (c[j] * sc[j] / sc.sum() - psi * b[j] * sb[j]) / tau for j in range(n) if j != i)
+        repulsion = sum(
+            lam * (c[j] * sc[j] / sc.sum() - psi * b[j] * sb[j]) / tau for j in range(n) if j != i
+        )
         grad[i] = repulsion - attraction  # the loss grows with repulsion terms, falls along attraction
     return grad
 
@@ -170,20 +224,23 @@ def test_byol_nrcc_reads_the_online_prediction_against_target_embeddings_without
     v1, v2 = x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)
     batch = Batch(x=x, views=[v1, v2], index=torch.arange(16))
     _, out = method.objective.loss(v1, v2, INFO)
-    p1 = out["p1"].detach().requires_grad_(True)
-    p2 = out["p2"].detach().requires_grad_(True)
+    p1 = out.predictions[0].detach().requires_grad_(True)
+    p2 = out.predictions[1].detach().requires_grad_(True)
     torch.manual_seed(1)
-    reg = method.augments[0].loss_terms(batch, {**out, "p1": p1, "p2": p2}, method, INFO)["nrcc"]
+    reg = method.augments[0].loss_terms(batch, dataclasses.replace(out, predictions=(p1, p2)), method, INFO)[
+        "nrcc"
+    ]
     reg.backward()
-    assert not out["t1"].requires_grad and not out["t2"].requires_grad  # stop-gradient on the target
+    t1, t2 = out.targets
+    assert not t1.requires_grad and not t2.requires_grad  # stop-gradient on the target
     torch.manual_seed(1)
     xc = method.augments[0].negatives(batch, method)
-    zc = F.normalize(method.objective.target_project(xc), dim=1)  # no predictor on the target path
+    zc = F.normalize(method.objective.target_embed(xc), dim=1)  # no predictor on the target path
     a = F.normalize(p1.detach(), dim=1).requires_grad_(True)
-    (0.5 * nrcc_log_ratio(a, F.normalize(out["t2"], dim=1), zc, 0.2).mean()).backward()
+    (0.5 * nrcc_log_ratio(a, F.normalize(t2, dim=1), zc, 0.2).mean()).backward()
     # eqs. 13-14 in the simplified setting are eqs. 10-11's added terms with z^a -> q(z^a): through
     # the normalisation, d/dp1 = (I - a a^T) / ||p1|| applied to the paper's gradient
-    expected = _paper_gradient(a.detach(), F.normalize(out["t2"], dim=1), zc, 0.2, 0.5) / 16
+    expected = _paper_gradient(a.detach(), F.normalize(t2, dim=1), zc, 0.2, 0.5) / 16
     proj = torch.eye(a.shape[1]) - a.detach()[:, :, None] * a.detach()[:, None, :]
     expected = (proj @ expected[:, :, None]).squeeze(-1) / p1.detach().norm(dim=1, keepdim=True)
     assert torch.allclose(p1.grad, expected, atol=1e-5)
@@ -201,7 +258,8 @@ def test_nrcc_trains_on_infonce_and_byol_and_evaluates_clusters_without_k(base, 
                      "train": {"epochs": 2, "batch_size": 100},
                      "eval": {"metrics": ["cluster", "kmeans"], "references": False, "every": 0,
                               "encoder": "target" if base == "byol" else "online", "umap_neighbors": 15}})
-    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None,
+        on_completed=end_of_run_figures)
     final = record["final"]
     assert 0 < final["cluster_acc"] <= 1 and final["cluster_k"] >= 1 and 0 <= final["kmeans_nmi"] <= 1
     assert record["epochs"][-1]["loss_nrcc"] != 0

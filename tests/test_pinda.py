@@ -12,6 +12,7 @@ from augtune.methods.pinda import MLPGenerator, PiNoiseGenerator, build_generato
 from augtune.plots import PlotError, load_run, plot
 from augtune.trainables import train_run
 from augtune.trainables.loop import Trainer
+from augtune.plots import end_of_run_figures
 
 INFO = StepInfo(0, 0, 10)
 SMALL = {"hidden_dim": 64, "embed_dim": 32, "proj_hidden_dim": 32, "proj_dim": 16, "pred_hidden_dim": 32}
@@ -146,8 +147,8 @@ def test_random_noise_and_simcl_make_positives_of_the_right_shape(digits_vectors
     assert moved.shape == h.shape
     assert torch.allclose((moved - h).norm(dim=1), 0.5 * h.norm(dim=1), rtol=1e-5)  # normalised noise
     assert aug.eval().perturb_features(h, INFO) is None  # evaluation sees clean features
-    z1 = simcl.train().objective.project(x, INFO)
-    z2 = simcl.objective.project(x, INFO)
+    z1 = simcl.train().objective.embed(x, INFO)
+    z2 = simcl.objective.embed(x, INFO)
     assert not torch.allclose(z1, z2)  # the two positives of x differ only by the feature noise
 
 
@@ -164,8 +165,8 @@ def test_clae_stays_in_budget_and_increases_the_contrastive_loss(digits_vectors)
     assert not any(p.grad is not None for p in method.parameters())  # the adversary trains nothing
     obj, tau = method.objective, cfg.train.temperature
     with torch.no_grad():
-        clean = nt_xent(obj.project(v1, INFO), obj.project(v2, INFO), tau, gather=False)
-        attacked = nt_xent(obj.project(adv, INFO), obj.project(v2, INFO), tau, gather=False)
+        clean = nt_xent(obj.embed(v1, INFO), obj.embed(v2, INFO), tau, gather=False)
+        attacked = nt_xent(obj.embed(adv, INFO), obj.embed(v2, INFO), tau, gather=False)
     assert attacked > clean
 
 
@@ -187,23 +188,33 @@ def test_generators_for_images_and_the_noise_figure(tmp_path):
     with pytest.raises(ValueError, match="pinda.generator: unet needs image data"):
         build_generator("unet", "vector", (64,), 1, 8)
 
-    cfg = from_dict({"dataset": {"name": "digits", "max_train": 256, "max_test": 100},
-                     "model": {"backbone": "cnn", "width": 8, **SMALL}, "method": {"augment": ["pinda"]},
-                     "pinda": {"generator": "unet", "width": 8, "mu": "learned"},
-                     "train": {"epochs": 1, "batch_size": 128}, "eval": {"metrics": ["knn"], "references": False}})
-    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    cfg = from_dict(
+        {
+            "dataset": {"name": "digits", "max_train": 256, "max_test": 100},
+            "model": {"backbone": "cnn", "width": 8, **SMALL},
+            "method": {"augment": ["pinda"]},
+            "pinda": {"generator": "unet", "width": 8, "mu": "learned"},
+            "train": {"epochs": 1, "batch_size": 128},
+            "eval": {"metrics": ["knn"], "references": False},
+        }
+    )
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None,
+        on_completed=end_of_run_figures)
     assert record["figures"] == ["figures/pinda_noise_simclr_pinda_seed0.png"]
     files = plot("pinda", [load_run(tmp_path / "run")], tmp_path / "again")
-    assert [f.name for f in files] == ["pinda_noise_simclr_pinda_seed0.png"] and files[0].stat().st_size > 1000
+    assert [f.name for f in files] == ["pinda_noise_simclr_pinda_seed0.png"] and files[
+        0
+    ].stat().st_size > 1000
 
 
 def test_the_noise_figure_refuses_runs_without_images_or_without_pinda(tmp_path, digits_vectors):
-    record = train_run(cfg_of(train={"epochs": 1}), digits_vectors, tmp_path / "vec", log=lambda s: None)
+    record = train_run(cfg_of(train={"epochs": 1}), digits_vectors, tmp_path / "vec", log=lambda s: None,
+        on_completed=end_of_run_figures)
     assert "figures" not in record and "figure_errors" not in record  # vectors ask for no grid
     with pytest.raises(PlotError, match="needs image data"):
         plot("pinda", [load_run(tmp_path / "vec")], tmp_path / "out")
     train_run(cfg_of(method={"augment": []}, train={"epochs": 1}), digits_vectors, tmp_path / "plain",
-              log=lambda s: None)
+              log=lambda s: None, on_completed=end_of_run_figures)
     with pytest.raises(PlotError, match="no pinda augmentation"):
         plot("pinda", [load_run(tmp_path / "plain")], tmp_path / "out")
 

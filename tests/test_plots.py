@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from augtune.checks import check_config
 from augtune.cli import main
 from augtune.config import ConfigError, from_dict, load_config
 from augtune.data import load_dataset
@@ -16,11 +17,14 @@ from augtune.methods import AUGMENTATIONS, Augmentation, build_method
 from augtune.plots import PLOTS, PlotError, find_runs, load_run
 from augtune.records import read_record
 from augtune.trainables import train_run
+from augtune.plots import end_of_run_figures
 
-TINY = {"dataset": {"name": "digits", "as_vectors": True, "max_train": 200, "max_test": 100},
-        "model": {"hidden_dim": 32, "embed_dim": 16, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
-        "train": {"epochs": 2, "batch_size": 64},
-        "eval": {"metrics": ["knn"], "references": False}}
+TINY = {
+    "dataset": {"name": "digits", "as_vectors": True, "max_train": 200, "max_test": 100},
+    "model": {"hidden_dim": 32, "embed_dim": 16, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+    "train": {"epochs": 2, "batch_size": 64},
+    "eval": {"metrics": ["knn"], "references": False},
+}
 
 
 def tiny(**sections):
@@ -61,7 +65,8 @@ def fake_kinds(monkeypatch):
 
 def test_end_of_run_figures_are_drawn_recorded_and_redrawn_by_the_cli(tmp_path, fake_kinds, capsys):
     cfg = tiny(eval={"figures": ["norms", "broken"]})
-    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None,
+        on_completed=end_of_run_figures)
     assert record["status"] == "completed"  # a failing figure does not fail a finished run ...
     assert record["figures"] == ["figures/norms.png"]
     assert record["figure_errors"] == {"broken": "RuntimeError: no ink"}  # ... and says why
@@ -77,7 +82,7 @@ def test_end_of_run_figures_are_drawn_recorded_and_redrawn_by_the_cli(tmp_path, 
 def test_loaded_run_has_the_trained_weights(tmp_path):
     cfg = tiny()
     data = load_dataset(cfg.dataset)
-    train_run(cfg, data, tmp_path / "run", log=lambda s: None)
+    train_run(cfg, data, tmp_path / "run", log=lambda s: None, on_completed=end_of_run_figures)
     run = load_run(tmp_path / "run")
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["method"]
     for k, v in run.method.state_dict().items():
@@ -95,12 +100,13 @@ def test_plot_refuses_bad_input_with_one_line_and_exit_2(tmp_path, fake_kinds, c
     assert main(["plot", "norms", str(tmp_path / "empty")]) == 2
     assert "no record.json under it" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"eval.figures\[0\]: unknown figure 'nope'"):
-        load_config(None, ["eval.figures=[nope]"])
+        check_config(load_config(None, ["eval.figures=[nope]"]), PLOTS)
 
 
 def test_a_run_without_checkpoint_cannot_give_its_networks(tmp_path):
     cfg = tiny()
-    train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None,
+        on_completed=end_of_run_figures)
     (tmp_path / "run" / "checkpoint.pt").unlink()
     (run,) = find_runs([tmp_path])
     assert run.record["status"] == "completed"
@@ -128,7 +134,8 @@ class _Counter(Augmentation):
 def test_epoch_metrics_and_default_figures_come_from_the_augmentations(tmp_path, monkeypatch, fake_kinds):
     monkeypatch.setitem(AUGMENTATIONS, "counter", _Counter)
     cfg = tiny(method={"augment": ["counter"]})
-    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    record = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None,
+        on_completed=end_of_run_figures)
     assert [e["counter_seen"] for e in record["epochs"]] == [192.0, 192.0]  # 3 full batches of 64
     assert "loss_counter_seen" not in record["epochs"][0]
     assert record["figures"] == ["figures/norms.png"]  # eval.figures None: the method's own
@@ -151,8 +158,8 @@ def test_eval_encoder_target_evaluates_the_ema_copy(base):
 
 def test_eval_encoder_target_needs_a_momentum_base():
     with pytest.raises(ConfigError, match="eval.encoder: simclr has no target encoder"):
-        load_config(None, ["eval.encoder=target"])
-    load_config(None, ["eval.encoder=target", "method.base=byol"])
+        check_config(load_config(None, ["eval.encoder=target"]))
+    check_config(load_config(None, ["eval.encoder=target", "method.base=byol"]))
 
 
 def test_eval_encoder_target_if_any_reads_the_target_of_a_momentum_base_only():
@@ -192,3 +199,90 @@ def test_variants_pool_seeds_and_name_only_the_settings_a_run_reads(tmp_path):
     assert list(variants([run("moco", 0, True, lr=0.1), run("moco", 0, True, lr=0.01)])) == [
         "moco (train.lr=0.1)", "moco (train.lr=0.01)"]
     assert list(variants([run("moco", 0, True), run("moco", 1, True)])) == ["moco"]
+
+
+# -- a search's own figures (augtune plot search) -------------------------------------------------
+
+
+def fake_search(exp: Path, n: int = 12, seed: int = 0, entrants: tuple[str, ...] = ("simclr",)) -> Path:
+    """A search folder as augtune leaves it (one per entrant in a compare experiment): trial records with
+    the parameters each was given; only the learning rate moves the metric. Plus a repeat run."""
+    import numpy as np
+
+    from augtune.config import set_values, to_dict
+    from augtune.records import new_record, write_record
+
+    rng = np.random.default_rng(seed)
+    for entrant in entrants:
+        folder = exp / entrant if len(entrants) > 1 else exp
+        for i in range(n):
+            params = {"train.lr": float(10 ** rng.uniform(-4, -2)),
+                      "train.weight_decay": float(10 ** rng.uniform(-7, -3)),
+                      "view.jitter": float(rng.choice([0.2, 0.4, 0.8]))}
+            value = 0.9 - 0.2 * (np.log10(params["train.lr"]) + 3) ** 2 + 0.001 * rng.normal()
+            base, *augment = entrant.split("+")
+            dotted = {**params, "method.base": base, "method.augment": augment, "search.metric": "knn_acc"}
+            config = to_dict(from_dict(set_values({}, dotted)))
+            record = new_record(config, method=entrant, dataset="digits", seed=0)
+            record.update(status="completed" if i % 4 else "stopped", params=params, phase="search",
+                          entrant=entrant, started=f"2026-01-01T00:{i:02d}:00",
+                          final={"knn_acc": float(value)},
+                          epochs=[{"epoch": 1, "knn_acc": float(value) - 0.05},
+                                  {"epoch": 2, "knn_acc": float(value)}])
+            (folder / f"trial_{i:05d}").mkdir(parents=True)
+            write_record(folder / f"trial_{i:05d}", record)
+    repeat = exp / "repeat_best" / "trial_00000"
+    repeat.mkdir(parents=True)
+    write_record(repeat, {**record, "phase": "repeat", "seed": 1, "epochs": [{"epoch": 1, "knn_acc": 0.0}]})
+    return exp
+
+
+def test_plot_search_draws_optunas_figures_from_the_records(tmp_path, capsys):
+    exp = fake_search(tmp_path / "exp")
+    assert main(["plot", "search", str(exp)]) == 0
+    written = sorted(p.name for p in (exp / "figures").iterdir())
+    assert written == ["search_history.png", "search_importances.png", "search_parallel.png"]
+    assert all((exp / "figures" / w).stat().st_size > 10_000 for w in written)
+    assert capsys.readouterr().out.count("wrote ") == 3
+    assert main(["methods"]) == 0
+    assert "  search " in capsys.readouterr().out  # listed with the figures
+
+
+def test_the_search_study_is_the_records_and_the_importances_are_the_commands(tmp_path, monkeypatch):
+    """The study the figures draw holds every search trial (not the repeat run) in the order they
+    started, with the last value each reported; its importances are `augtune importance`'s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from optuna.visualization import matplotlib as ovm
+
+    from augtune.analysis.importance import importances
+    from augtune.plots import search
+
+    exp = fake_search(tmp_path / "exp", n=16, seed=3)
+    seen = {}
+    real = ovm.plot_optimization_history
+
+    def spy(study, **kw):
+        seen["values"] = [t.value for t in study.trials]
+        return real(study, **kw)
+
+    monkeypatch.setattr(ovm, "plot_optimization_history", spy)
+    search.plot(find_runs([exp]), tmp_path)
+    runs = sorted((r for r in find_runs([exp]) if r.record["phase"] == "search"),
+                  key=lambda r: r.record["started"])
+    assert seen["values"] == [r.record["epochs"][-1]["knn_acc"] for r in runs]
+    values, how = importances([r.record for r in runs], "knn_acc")
+    assert max(values, key=values.get) == "train.lr" and how == "fANOVA"
+
+
+def test_plot_search_refuses_runs_that_are_no_search(tmp_path, capsys):
+    from augtune.config import to_dict
+    from augtune.records import new_record, write_record
+
+    (tmp_path / "run").mkdir()  # a run of `augtune train`: no parameters given by a search
+    write_record(tmp_path / "run", {**new_record(to_dict(tiny()), method="simclr", dataset="digits", seed=0),
+                                    "status": "completed", "final": {"knn_acc": 0.9}})
+    assert main(["plot", "search", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no search trials among these runs" in err[0]

@@ -11,12 +11,13 @@ import pytest
 import yaml
 
 from augtune.cli import main
+from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SEARCH = {
     "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
-    "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+    "model": TINY_CNN,
     "train": {"epochs": 2, "batch_size": 64},
     "eval": {"metrics": ["knn"], "references": True},
     "search": {"space": {"method.base": "grid([simclr, byol])", "train.lr": "loguniform(1e-4, 1e-2)"},
@@ -108,8 +109,24 @@ def test_real_search_then_status_and_export(tmp_path):
     config.write_text(yaml.safe_dump(REAL))
     env = {**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
     storage = tmp_path / "storage"
-    run = subprocess.run([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage", str(storage),
-                          "--name", "exp"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "augtune.cli",
+            "search",
+            str(config),
+            "--storage",
+            str(storage),
+            "--name",
+            "exp",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     exp = storage / "exp"
     records = [json.loads(p.read_text()) for p in exp.glob("*/record.json")]
@@ -131,9 +148,27 @@ def test_real_search_then_status_and_export(tmp_path):
     assert "repeat_best" in status.stdout
     assert "ray" not in status.stderr.lower()
 
-    export = subprocess.run([sys.executable, "-m", "augtune.cli", "export", str(exp / "repeat_best"), "--rows", "method",
-                             "--cols", "dataset", "--metric", "knn_acc", "--format", "md"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "augtune.cli",
+            "export",
+            str(exp / "repeat_best"),
+            "--rows",
+            "method",
+            "--cols",
+            "dataset",
+            "--metric",
+            "knn_acc",
+            "--format",
+            "md",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert export.returncode == 0, export.stderr
     assert "| byol |" in export.stdout and "(2)" in export.stdout and "raw" in export.stdout
 
@@ -145,7 +180,9 @@ def test_best_configs_picks_the_top_distinct_parameter_sets_per_group():
     from augtune.search.launch import best_configs
 
     def result(base, lr, acc, error=None):
-        return SimpleNamespace(config={"method.base": base, "train.lr": lr}, metrics={"knn_acc": acc}, error=error)
+        return SimpleNamespace(
+            config={"method.base": base, "train.lr": lr}, metrics={"knn_acc": acc}, error=error
+        )
 
     results = [result("simclr", 1, 0.9), result("simclr", 2, 0.95), result("byol", 3, 0.8),
                result("byol", 4, 0.99, error=RuntimeError("nan")), result("simclr", 2, 0.94)]
@@ -175,3 +212,20 @@ def test_best_configs_repeats_once_what_differs_only_in_keys_the_run_never_reads
     assert best_configs(results, cfg) == [{"method.augment": ["pinda"], "pinda.mu": "zero"},
                                           {"method.augment": ["pinda"], "pinda.mu": "learned"},
                                           {"method.augment": ["clae"], "pinda.mu": "learned"}]
+
+
+def test_a_search_evaluates_its_metric_only_where_the_scheduler_reads_it(tmp_path):
+    from augtune.config import load_config
+    from augtune.search.plan import rung_epochs, trial_base
+
+    cfg = load_config(None, ["train.epochs=20", "search.scheduler=asha", "search.grace_period=2",
+                             "search.reduction_factor=3"])  # eval.every left at its default
+    assert rung_epochs(cfg) == (2, 6, 18)  # ASHA's milestones 2 * 3^k below max_t
+    base = trial_base(cfg, str(tmp_path))
+    assert base["eval"]["at"] == [2, 6, 18] and base["eval"]["every"] == 0  # and the last epoch, always
+    mine = trial_base(load_config(None, ["train.epochs=20", "eval.every=5"]), str(tmp_path))
+    assert mine["eval"]["every"] == 5  # the user's own choice is kept
+    assert base["eval"]["reference_cache"] == str(tmp_path / ".augtune" / "references")
+    odd = load_config(None, ["train.epochs=20", "search.scheduler=asha", "search.reduction_factor=3.5"])
+    assert rung_epochs(odd) == (1, 4, 13)  # ASHA takes the first result at or past 3.5 and 12.25
+    assert rung_epochs(load_config(None, ["search.scheduler=none"])) == ()

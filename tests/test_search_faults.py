@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TINY = {
     "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
-    "model": {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16},
+    "model": TINY_CNN,
     "train": {"epochs": 2, "batch_size": 64},
     "eval": {"metrics": ["knn"], "references": False},
 }
@@ -52,21 +53,40 @@ def reported_epochs(trial_dir: Path) -> list[int]:
     return [json.loads(line)["epoch"] for line in lines if line.strip()]
 
 
+def record_of(trial_dir: Path) -> dict | None:
+    """The trial's record, or None while it has none. Records are replaced atomically; a read that still
+    finds no complete JSON (another writer's half file) is retried before it counts as an error."""
+    path = trial_dir / "record.json"
+    for _ in range(20):
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def status_of(trial_dir: Path) -> str | None:
+    record = record_of(trial_dir)
+    return record and record["status"]
+
+
 def trial_dirs(exp: Path) -> list[Path]:
     return sorted(p for p in exp.iterdir() if p.is_dir() and p.name.startswith("tune_trial"))
 
 
 def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
-    config = write_config(tmp_path, train={"optimizer": "sgd", "warmup_epochs": 0},
-                          search={"space": {"train.lr": "grid([0.01, 1.0e30])"}, "algorithm": "grid", "num_samples": 1,
-                                  "max_failures": 0})
+    # a temperature below float32's range makes 1/tau infinite: the loss is NaN at the first step
+    config = write_config(tmp_path, search={"space": {"train.temperature": "grid([0.1, 1.0e-45])"},
+                                            "algorithm": "grid", "num_samples": 1, "max_failures": 0})
     res = augtune("search", str(config), "--storage", str(tmp_path / "s"), "--name", "exp")
     assert res.returncode == 0, res.stderr[-3000:]
     exp = tmp_path / "s" / "exp"
-    records = {json.loads((d / "record.json").read_text())["config"]["train"]["lr"]: json.loads(
+    records = {json.loads((d / "record.json").read_text())["config"]["train"]["temperature"]: json.loads(
         (d / "record.json").read_text()) for d in trial_dirs(exp)}
-    assert records[0.01]["status"] == "completed"
-    assert records[1e30]["status"] == "failed" and "loss became" in records[1e30]["error"]
+    assert records[0.1]["status"] == "completed"
+    assert records[1e-45]["status"] == "failed" and "loss became" in records[1e-45]["error"]
     status = augtune("status", str(exp))
     assert "1 error" in status.stdout and "1 terminated" in status.stdout
     assert "NonFiniteLoss" in status.stdout or "loss became" in status.stdout
@@ -85,7 +105,8 @@ def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
 
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     epochs = 12  # about half a second each: the kill lands in the middle of a trial
-    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8}, train={"epochs": epochs},
+    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
+                          train={"epochs": epochs, "checkpoint_every": 1},  # the test is about continuing
                           search={"space": {"train.lr": "grid([0.001, 0.002, 0.003, 0.004])"},
                                   "algorithm": "grid", "num_samples": 1, "max_concurrent": 2})
     exp = tmp_path / "s" / "exp"
@@ -98,8 +119,7 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
         deadline, first_done = time.time() + 600, None
         while time.time() < deadline:
             dirs = trial_dirs(exp) if exp.exists() else []
-            done = [d for d in dirs if (d / "record.json").exists()
-                    and json.loads((d / "record.json").read_text())["status"] == "completed"]
+            done = [d for d in dirs if status_of(d) == "completed"]
             partway = [d for d in dirs if 2 <= max(reported_epochs(d), default=0) < epochs - 2]
             if done and first_done is None:
                 first_done = time.time()
@@ -113,8 +133,7 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
-    done = [d for d in trial_dirs(exp) if (d / "record.json").exists()
-            and json.loads((d / "record.json").read_text())["status"] == "completed"]
+    done = [d for d in trial_dirs(exp) if status_of(d) == "completed"]
     finished_before = {d.name: (d / "result.json").read_text() for d in done}
     with contextlib.suppress(ProcessLookupError):  # the dead driver's local Ray, and nothing else on
         os.killpg(driver.pid, signal.SIGKILL)       # this machine: Ray makes its driver a group leader
@@ -124,14 +143,14 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     dirs = trial_dirs(exp)
     assert len(dirs) == 4  # no trial lost, none added
     for d in dirs:
-        record = json.loads((d / "record.json").read_text())
+        record = record_of(d)
         assert record["status"] == "completed", d.name
         assert [e["epoch"] for e in record["epochs"]] == list(range(1, epochs + 1))
         seen = reported_epochs(d)
         assert seen.count(1) == 1, (d.name, seen)  # continued from its checkpoint, never restarted
     for name, before in finished_before.items():
         assert (exp / name / "result.json").read_text() == before  # a finished trial is not run again
-    resumed = [d for d in dirs if len(json.loads((d / "record.json").read_text())["nodes"]) > 1]
+    resumed = [d for d in dirs if len(record_of(d)["nodes"]) > 1]
     assert resumed  # at least one trial ran before and after the kill ...
     for d in resumed:  # ... and its epochs continued: reported before and after, each once
         seen = reported_epochs(d)
@@ -146,13 +165,39 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
     try:
         cluster.wait_for_nodes()
         epochs = 16  # about half a second each: the node goes while both trials are mid-way
-        config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8}, train={"epochs": epochs},
-                              search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid", "num_samples": 1,
-                                      "max_failures": 3})
+        config = write_config(
+            tmp_path,
+            dataset={"max_train": None},
+            model={"width": 8},
+            train={"epochs": epochs, "checkpoint_every": 1},  # the retry continues from it
+            search={
+                "space": {"train.lr": "grid([0.001, 0.002])"},
+                "algorithm": "grid",
+                "num_samples": 1,
+                "max_failures": 3,
+            },
+        )
         exp = tmp_path / "s" / "exp"
-        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
-                                   str(tmp_path / "s"), "--name", "exp", "--address", cluster.address],
-                                  cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        driver = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "augtune.cli",
+                "search",
+                str(config),
+                "--storage",
+                str(tmp_path / "s"),
+                "--name",
+                "exp",
+                "--address",
+                cluster.address,
+            ],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.time() + 600
         while time.time() < deadline:
             dirs = trial_dirs(exp) if exp.exists() else []
@@ -176,7 +221,9 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
             seen = reported_epochs(d)
             assert seen.count(1) == 1, seen  # the retried trial continued from its checkpoint
         assert len(nodes) == 2  # the two trials started on different nodes
-        retried = [d for d in trial_dirs(exp) if len(json.loads((d / "record.json").read_text())["nodes"]) > 1]
+        retried = [
+            d for d in trial_dirs(exp) if len(json.loads((d / "record.json").read_text())["nodes"]) > 1
+        ]
         assert retried  # the trial on the removed node was retried elsewhere
     finally:
         cluster.shutdown()

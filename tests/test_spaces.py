@@ -16,8 +16,8 @@ from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quan
 from ray.tune.search.variant_generator import generate_variants
 
 from augtune.config import ConfigError, SearchConfig, dotted_keys, from_dict, set_values
-from augtune.spaces import (SPACES, Space, check_keys, constants, grid_params, parse_domain,
-                            resolve_space, sample_values, searched, to_optuna_search_kwargs)
+from augtune.search.searchers import check_algorithm, grid_params, sample_values, to_optuna_search_kwargs
+from augtune.spaces import SPACES, Space, check_keys, constants, parse_domain, resolve_space, searched
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -36,7 +36,9 @@ def _samples(domain, n=40):
     ("randint(2, 5)", Integer, Uniform, 2, 5),
     ("lograndint(64, 2049)", Integer, LogUniform, 64, 2049),
 ])
-def test_numeric_forms_give_the_tune_domain_with_its_bounds_and_sample_inside(spec, cls, sampler, lower, upper):
+def test_numeric_forms_give_the_tune_domain_with_its_bounds_and_sample_inside(
+    spec, cls, sampler, lower, upper
+):
     domain = parse_domain("train.lr", spec)
     assert isinstance(domain, cls) and isinstance(domain.get_sampler(), sampler)
     assert (domain.lower, domain.upper) == (lower, upper)
@@ -92,6 +94,10 @@ def test_grid_and_constants():
     ("randint(1.5, 3)", "randint takes 2 integers"),
     ("quniform(0, 1, 0.3)", "multiples of q"),
     ("quniform(0, 1, 0)", "q > 0"),
+    ("quniform(0, 1e308, 1e-300)", "more than 1e+12 steps"),  # overflowed to inf, then crashed
+    ("quniform(0, 1e6, 1e-9)", "more than 1e+12 steps"),
+    ("randint(0, 1000000000000000000000000000000)", "beyond 64-bit integers"),
+    ("lograndint(1, 100000000000000000000)", "beyond 64-bit integers"),
     ("choice([])", "choice([]) is empty"),
     ("grid([])", "grid([]) is empty"),
     ([], "choice([]) is empty"),
@@ -125,7 +131,9 @@ def test_every_key_of_every_registered_space_is_a_real_config_key(name):
     assert keys <= dotted_keys()
     assert not any(k.startswith(("search.", "resources.")) for k in keys)
     assert space.name == name  # `space: byol` searches BYOL, `space: pinda` searches PiNDA
-    assert space.params["method.base"] == name or name.partition("_")[0] in space.params.get("method.augment", ())
+    assert space.params["method.base"] == name or name.partition("_")[0] in space.params.get(
+        "method.augment", ()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))
@@ -188,8 +196,11 @@ search:
     for seed in range(5):
         cfg = from_dict(set_values({}, sample_values(space, seed)))
         assert cfg.train.epochs == 3 and cfg.model.proj_dim in (64, 128)
-    with pytest.raises(ConfigError, match=r"^search.space.train.lr: algorithm grid cannot enumerate loguniform"):
-        resolve_space(SearchConfig(space=data["search"]["space"], algorithm="grid"))
+    with pytest.raises(
+        ConfigError, match=r"^search.space.train.lr: algorithm grid cannot enumerate loguniform"
+    ):
+        grid = SearchConfig(space=data["search"]["space"], algorithm="grid")
+        check_algorithm(grid, resolve_space(grid))
 
 
 def test_inline_grid_crosses_grid_and_choice_entries():
@@ -201,17 +212,26 @@ def test_inline_grid_crosses_grid_and_choice_entries():
         ("simclr", 128), ("simclr", 256), ("byol", 128), ("byol", 256)}
 
 
-@pytest.mark.parametrize("space,message", [
-    ("simclrr", "search.space: unknown space 'simclrr' (known: simclr, byol, moco, simsiam"),
-    ({}, "search.space: the mapping is empty"),
-    (None, "search.space: no space given"),
-    ({"train.lrr": "loguniform(1e-4, 1e-1)"}, "search.space.train.lrr: unknown config key (did you mean train.lr?)"),
-    ({"lr": "loguniform(1e-4, 1e-1)"}, "search.space.lr: unknown config key"),
-    ({"search.seed": "choice([0, 1])"}, "search.space.search.seed: search.* and resources.* keys cannot be searched"),
-    ({"resources.num_workers": [1, 2]}, "search.space.resources.num_workers: search.* and resources.*"),
-    ({"train.lr": "uniform(1, 0)"}, "search.space.train.lr: uniform(1, 0) needs a < b"),
-    ({"train.epochs": 3}, "search.space: every entry is a constant, nothing to search"),
-])
+@pytest.mark.parametrize(
+    "space,message",
+    [
+        ("simclrr", "search.space: unknown space 'simclrr' (known: simclr, byol, moco, simsiam"),
+        ({}, "search.space: the mapping is empty"),
+        (None, "search.space: no space given"),
+        (
+            {"train.lrr": "loguniform(1e-4, 1e-1)"},
+            "search.space.train.lrr: unknown config key (did you mean train.lr?)",
+        ),
+        ({"lr": "loguniform(1e-4, 1e-1)"}, "search.space.lr: unknown config key"),
+        (
+            {"search.seed": "choice([0, 1])"},
+            "search.space.search.seed: search.* and resources.* keys cannot be searched",
+        ),
+        ({"resources.num_workers": [1, 2]}, "search.space.resources.num_workers: search.* and resources.*"),
+        ({"train.lr": "uniform(1, 0)"}, "search.space.train.lr: uniform(1, 0) needs a < b"),
+        ({"train.epochs": 3}, "search.space: every entry is a constant, nothing to search"),
+    ],
+)
 def test_resolve_refuses_with_one_line_naming_the_key(space, message):
     with pytest.raises(ConfigError) as e:
         resolve_space(SearchConfig(space=space))
@@ -221,10 +241,22 @@ def test_resolve_refuses_with_one_line_naming_the_key(space, message):
 def test_points_and_presets_must_fit_the_space():
     params = {"train.lr": tune.loguniform(1e-4, 1e-2), "train.batch_size": tune.choice([128, 256])}
     for bad, message in [
-        (Space("x", params, points_to_evaluate=[{"train.lr": 1e-3}]), "train.batch_size: points_to_evaluate[0] gives no value"),
-        (Space("x", params, points_to_evaluate=[{"train.lr": 1.0, "train.batch_size": 128}]), "outside loguniform(0.0001, 0.01)"),
-        (Space("x", params, grid_presets={"default": {"train.batch_size": [64]}}), "values [64] are outside choice([128, 256])"),
-        (Space("x", params, grid_presets={"default": {"train.epochs": [1]}}), "train.epochs: grid preset 'default' sets a key that is not searched"),
+        (
+            Space("x", params, points_to_evaluate=[{"train.lr": 1e-3}]),
+            "train.batch_size: points_to_evaluate[0] gives no value",
+        ),
+        (
+            Space("x", params, points_to_evaluate=[{"train.lr": 1.0, "train.batch_size": 128}]),
+            "outside loguniform(0.0001, 0.01)",
+        ),
+        (
+            Space("x", params, grid_presets={"default": {"train.batch_size": [64]}}),
+            "values [64] are outside choice([128, 256])",
+        ),
+        (
+            Space("x", params, grid_presets={"default": {"train.epochs": [1]}}),
+            "train.epochs: grid preset 'default' sets a key that is not searched",
+        ),
     ]:
         with pytest.raises(ConfigError) as e:
             resolve_space(SearchConfig(space=bad))
@@ -268,7 +300,8 @@ def test_define_by_run_space_checks_samples_and_resolves():
         assert cfg.train.schedule == "cosine" and cfg.method.base == "simclr"
         assert ("train.momentum" in values) == (cfg.train.optimizer == "sgd")
     with pytest.raises(ConfigError, match="^search.algorithm: grid needs a grid preset"):
-        resolve_space(SearchConfig(space=CONDITIONAL, algorithm="grid"))
+        grid = SearchConfig(space=CONDITIONAL, algorithm="grid")
+        check_algorithm(grid, resolve_space(grid))
 
 
 def test_define_by_run_keys_are_checked_in_every_branch():
@@ -276,10 +309,17 @@ def test_define_by_run_keys_are_checked_in_every_branch():
         if trial.suggest_categorical("train.optimizer", ["adam", "sgd"]) == "sgd":
             trial.suggest_float("train.momentun", 0.8, 0.99)
 
-    with pytest.raises(ConfigError, match=r"^search.space.train.momentun: unknown config key \(did you mean train.momentum\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^search.space.train.momentun: unknown config key \(did you mean train.momentum\?\)",
+    ):
         check_keys(Space("typo", define_by_run=typo))
     with pytest.raises(ConfigError, match="^search.space.train.epochs: a define-by-run space suggests"):
-        resolve_space(SearchConfig(space=Space("mixed", {"train.epochs": tune.randint(1, 3)}, define_by_run=optimizer_space)))
+        resolve_space(
+            SearchConfig(
+                space=Space("mixed", {"train.epochs": tune.randint(1, 3)}, define_by_run=optimizer_space)
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +347,9 @@ def test_optuna_search_runs_the_paper_defaults_first_then_seeded_suggestions():
 
 
 def test_optuna_search_takes_grid_entries_as_categoricals():
-    space = resolve_space(SearchConfig(space={"train.batch_size": "grid([128, 256])", "train.lr": "loguniform(1e-4, 1e-2)"}))
+    space = resolve_space(
+        SearchConfig(space={"train.batch_size": "grid([128, 256])", "train.lr": "loguniform(1e-4, 1e-2)"})
+    )
     searcher = _searcher(space, 1)
     assert searcher.suggest("t0")["train.batch_size"] in (128, 256)
 
@@ -316,13 +358,19 @@ def test_optuna_search_with_a_define_by_run_space_and_partial_points():
     searcher = _searcher(CONDITIONAL, 0)
     first, second = searcher.suggest("t0"), searcher.suggest("t1")
     assert first == {"train.optimizer": "adam", "train.lr": 1e-3, "train.schedule": "cosine"}
-    assert second == {"train.optimizer": "sgd", "train.lr": 0.05, "train.momentum": 0.9, "train.schedule": "cosine"}
+    assert second == {
+        "train.optimizer": "sgd",
+        "train.lr": 0.05,
+        "train.momentum": 0.9,
+        "train.schedule": "cosine",
+    }
     third = searcher.suggest("t2")
     assert ("train.momentum" in third) == (third["train.optimizer"] == "sgd")
 
 
 def test_optuna_searcher_with_a_define_by_run_space_saves_and_restores(tmp_path):
-    """Tune pickles the searcher, function included, to resume a search: keep such functions at module level."""
+    """Tune pickles the searcher, function included, to resume a search: keep such functions at module
+    level."""
     searcher = _searcher(CONDITIONAL, 0)
     searcher.suggest("t0")
     searcher.save(str(tmp_path / "searcher.pkl"))
@@ -330,3 +378,39 @@ def test_optuna_searcher_with_a_define_by_run_space_saves_and_restores(tmp_path)
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert restored.suggest("t1") == {"train.optimizer": "sgd", "train.lr": 0.05, "train.momentum": 0.9,
                                       "train.schedule": "cosine"}
+
+
+def test_grid_entries_with_optuna_are_refused_in_one_line():
+    """Optuna samples; a grid([...]) would silently become a random choice (SimCLR never ran)."""
+    cfg = SearchConfig(space={"method.base": "grid([simclr, byol])", "train.lr": "loguniform(1e-4, 1e-2)"})
+    with pytest.raises(
+        ConfigError, match=r"^search.space.method.base: grid\(\[...\]\) with algorithm optuna"
+    ):
+        check_algorithm(cfg, resolve_space(cfg))
+    random = SearchConfig(space=dict(cfg.space), algorithm="random")
+    check_algorithm(random, resolve_space(random))  # random crosses the grid with the sampled entries
+
+
+def test_held_keys_leave_the_space_and_its_points():
+    cfg = SearchConfig(space="cocor", hold=("method.base", "train.batch_size", "cocor.pool"))
+    space = resolve_space(cfg)
+    assert not {"method.base", "train.batch_size", "cocor.pool"} & set(space.params)
+    assert all("cocor.pool" not in p for p in space.points_to_evaluate)
+    with pytest.raises(ConfigError, match="search.hold: 'train.nope' is not a config key"):
+        resolve_space(SearchConfig(space="cocor", hold=("train.nope",)))
+
+
+def test_the_searcher_is_told_only_results_that_carry_the_metric():
+    """Trials evaluate the metric at the scheduler's rungs and their last epoch only; Tune's OptunaSearch
+    read it from every result (KeyError) before augtune's searcher passed it only those."""
+    from augtune.config import load_config
+    from augtune.search.searchers import searcher
+
+    cfg = load_config(None, ["search.space=simclr", "search.algorithm=optuna", "search.metric=knn_acc"])
+    search, _ = searcher(cfg, resolve_space(cfg.search))
+    search.suggest("t0")
+    search.on_trial_result("t0", {"epoch": 1, "loss": 4.2, "training_iteration": 1})  # no knn_acc: skipped
+    search.on_trial_result("t0", {"epoch": 2, "knn_acc": 0.5, "training_iteration": 2})
+    search.on_trial_complete("t0", {"epoch": 3, "knn_acc": 0.8, "training_iteration": 3})
+    trial = search._ot_study.trials[search._ot_trials["t0"].number]
+    assert trial.intermediate_values == {2: 0.5} and trial.value == 0.8

@@ -1,12 +1,16 @@
 """`augtune export EXP_DIR... --rows method --cols dataset --metric knn_acc,sr_acc --format md`.
 
-Prints the comparison table of the runs under the folders given (or writes it to `--out`).
-Records that are not augtune records are skipped with a warning line on stderr; bad input (no
-records, no finished runs, an unknown metric or column, mixed datasets) is one error line, exit 2.
+Prints the comparison table of the runs under the folders given (or writes it to `--out`). A search
+folder stands for its repeat-best runs when it has them; runs whose settings differ are never pooled
+into one cell unless `--pool KEY` says so (the seed always is). A table of a search that has not
+finished says so in its caption. Records that are not augtune records, and metrics that are not
+numbers, are left out with a warning line on stderr; bad input (no records, a broken record, no
+finished runs, an unknown metric or column, mixed datasets) is one error line, exit 2.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -28,40 +32,133 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="metric(s) in each cell, comma-separated (default: knn_acc)")
     e.add_argument("--format", choices=FORMATS, default="md", help="md (default), latex or csv")
     e.add_argument("--mode", choices=("auto", "max", "min", "none"), default="auto",
-                   help="which mean is best and bold: auto (higher, but lower for losses and times), max, min, none")
+                   help="which mean is best and bold: auto (higher, but lower for losses and times), "
+                        "max, min, none")
     e.add_argument("--include-unfinished", action="store_true",
                    help="also tabulate running and failed runs (default: completed runs only)")
+    e.add_argument("--pool", action="append", default=[], metavar="KEY",
+                   help="a setting whose values may be averaged together in one cell, e.g. train.lr "
+                        "(repeatable; default: only seeds are; runs that differ otherwise get rows of their "
+                        "own)")
     e.add_argument("--out", type=Path, metavar="FILE", help="write the table here instead of printing it")
     e.set_defaults(func=cmd_export)
     return e
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    # AnalysisError: the CLI turns it into its one error line
     from augtune.analysis import AnalysisError, comparison_table, load_runs
-    from augtune.cli import UsageError  # lazily: cli imports this module to register the command
 
     out: Path | None = args.out
     if out is not None:
         if out.is_dir():
-            raise UsageError(f"--out: {out} is a folder; name the file to write")
+            raise AnalysisError(f"--out: {out} is a folder; name the file to write")
         if not out.parent.is_dir():
-            raise UsageError(f"--out: folder {out.parent} does not exist")
+            raise AnalysisError(f"--out: folder {out.parent} does not exist")
+    from augtune.analysis.compare import answer, is_compare
+
+    if len(args.paths) == 1 and is_compare(args.paths[0]):  # a compare experiment: its verdict table
+        text = answer(args.paths[0], write=False).verdict.render(args.format)
+        return _write(text, out, "the verdict")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            df = load_runs(args.paths)
+            df = load_runs([_runs_of(p) for p in args.paths])
             table = comparison_table(df, rows=args.rows, cols=args.cols, metrics=args.metric,
                                      only_completed=not args.include_unfinished,
-                                     mode=None if args.mode == "none" else args.mode)
-        except AnalysisError as e:
-            raise UsageError(str(e)) from None
+                                     mode=None if args.mode == "none" else args.mode, pool=args.pool,
+                                     unfinished="; ".join(filter(None, map(unfinished_search, args.paths))))
         finally:
             for w in caught:
                 print(f"augtune: warning: {w.message}", file=sys.stderr)
-    text = table.render(args.format)
+    what = f"{len(table.row_labels)} rows x {len(table.col_labels)} columns"
+    return _write(table.render(args.format), out, what)
+
+
+def _runs_of(path: Path) -> Path:
+    """A search folder stands for its repeat-best runs when it has them (as the table at the end of the
+    search), never for its trials of different settings pooled with the repeats."""
+    from augtune.records import REPEAT_DIR, SEARCH_FILE
+
+    path = Path(path)
+    if (path / SEARCH_FILE).is_file() and (path / REPEAT_DIR).is_dir():
+        return path / REPEAT_DIR
+    return path
+
+
+_ENDED = ("completed", "failed", "stopped")  # a trial's record once Tune is done with it
+
+
+def _trials(folder: Path) -> list[dict]:
+    """The trial records directly under `folder` (an unreadable one counts as a trial not ended)."""
+    out = []
+    for path in sorted(folder.glob("*/record.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            record = None
+        out.append(record if isinstance(record, dict) else {})
+    return out
+
+
+def _progress(trials: list[dict], expected: int | None, what: str) -> str:
+    ended = sum(t.get("status") in _ENDED for t in trials)
+    if expected is not None and ended < expected:
+        return f"{ended} of {expected} {what} ended"
+    if ended < len(trials):
+        return f"{len(trials) - ended} {what} not ended"
+    return ""
+
+
+def _repeats_expected(search: dict, trials: list[dict]) -> int | None:
+    """How many repeat runs the search makes: its `top` distinct completed configurations (distinct as the
+    search tells them apart, `config.run_signature`) times its seeds; None when `per` makes it unknown."""
+    from augtune.config import run_signature
+
+    rb = search["repeat_best"]
+    if rb.get("per"):
+        return None
+    done = {run_signature(t.get("params") or {}, str(t.get("entrant") or t.get("method")))
+            for t in trials if t.get("status") == "completed"}
+    return min(rb["top"], len(done)) * len(rb.get("seeds") or ())
+
+
+def unfinished_search(path: Path) -> str:
+    """Why the search in folder `path` is not done yet ("" when it is, or when `path` is no search):
+    fewer ended trials than it samples (Optuna, random), trials still running or interrupted, or a
+    repeat of the best that has not run all its seeds."""
+    from augtune.records import REPEAT_DIR, SEARCH_FILE, read_search_file
+
+    path = Path(path)
+    if not (path / SEARCH_FILE).is_file():
+        return ""
+    try:
+        search = read_search_file(path)["config"]["search"]
+    except ValueError as e:
+        warnings.warn(f"cannot tell whether the search finished: {e}", stacklevel=2)
+        return ""
+    trials = _trials(path)
+    expected = search.get("num_samples") if search.get("algorithm") in ("optuna", "random") else None
+    parts = [_progress(trials, expected, "trials")]
+    if (search.get("repeat_best") or {}).get("top"):
+        if not (path / REPEAT_DIR).is_dir():
+            parts.append("the best not repeated yet")
+        else:
+            expected = _repeats_expected(search, trials)
+            parts.append(_progress(_trials(path / REPEAT_DIR), expected, "repeat runs"))
+    text = ", ".join(p for p in parts if p)
+    return f"search {path.name}: {text}" if text else ""
+
+
+def _write(text: str, out: Path | None, what: str) -> int:
     if out is None:
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         out.write_text(text)
-        print(f"wrote {out}: {len(table.row_labels)} rows x {len(table.col_labels)} columns")
+    except OSError as e:
+        from augtune.analysis import AnalysisError
+
+        raise AnalysisError(f"--out: cannot write {out} ({e.strerror})") from None
+    print(f"wrote {out}: {what}")
     return 0

@@ -12,8 +12,9 @@ metrics (`knn_acc`, `sr_acc`, ...: every undotted column after the fixed ones).
 Reference rows (`method` = `raw` / `random-init`, `kind` = `reference`) are deduplicated: each run
 measures them at its start, and runs that differ only in what the reference does not depend on
 measured the same thing. Two measurements are the same reference when they agree on
-:func:`reference_key_columns`: the reference's name, `dataset`, `seed` (and `train.seed`), every `dataset.*` key but
-`dataset.download`, every `eval.*` key that changes a score (all but `eval.every`,
+:func:`reference_key_columns`: the reference's name, `dataset`, `seed` (and `train.seed`), every
+`dataset.*` key that changes the data (`config.changes_results`: not `dataset.download`, `cache`,
+`workers`, `shared`...), every `eval.*` key that changes a score (all but `eval.every`,
 `eval.epoch_metrics`, `eval.metrics`, `eval.references`, `eval.batch_size`, `eval.figures`,
 `eval.encoder`: a reference is measured before training, when the target encoder is the online one), and for
 `random-init` also every `model.*` key (the backbone is built first from the seed, so the method
@@ -22,8 +23,17 @@ then the first by run folder; a metric missing there is taken from the next meas
 it (runs asking for fewer metrics). The row's `status` and `run` are those of the preferred
 measurement; its other config columns are left empty: the reference does not depend on them.
 
+The `dataset` column tells data sets apart by name and location: a data set read from a file
+(`dataset.path`, e.g. `arrays`) is labelled with the end of its path, `arrays (iris.csv)`, as many
+folders as it takes to tell two files apart (`arrays (a/x.csv)`, `arrays (b/x.csv)`); a named data set
+read from several `dataset.root` folders is labelled with the root the same way. The name alone is in
+`dataset.name`.
+
 Records are found with :func:`find_records` (`**/record.json`, checkpoint snapshots aside); a file
-that is not an augtune record is skipped with a `SkippedRecordWarning`, not an error.
+that is not an augtune record is skipped with a `SkippedRecordWarning`, not an error. A record whose
+fields have the wrong shape (`final` not a mapping, `epochs` not a list, ...) is a `BrokenRecordError`
+naming the file and the field; a metric that is not a number (`"0.93"`) is left out with one
+`BadValueWarning` line naming the record, as is a completed run without final metrics.
 """
 from __future__ import annotations
 
@@ -36,6 +46,7 @@ from typing import Any, Iterable, Union
 
 import pandas as pd
 
+from augtune.config import changes_results
 from augtune.records import FORMAT, RECORD_FILE
 
 PathLike = Union[str, os.PathLike]
@@ -72,8 +83,16 @@ class MixedDatasetsError(AnalysisError):
     """Runs on several datasets would be averaged together."""
 
 
+class BrokenRecordError(AnalysisError):
+    """An augtune record whose fields have the wrong shape: tabulating it would guess."""
+
+
 class SkippedRecordWarning(UserWarning):
     """A `record.json` that is not an augtune record (or cannot be read) was skipped."""
+
+
+class BadValueWarning(SkippedRecordWarning):
+    """A record's metric that is not a number was left out (the rest of the record is used)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,8 +176,9 @@ def reference_key_columns(name: str, columns: Iterable[str]) -> list[str]:
     """The columns that identify reference `name`'s measurement (see the module docstring)."""
     keys = ["dataset", "seed"]
     for c in columns:
-        if (c.startswith("dataset.") and c != "dataset.download") or \
-                (c.startswith("eval.") and c not in _EVAL_NOT_IN_KEY) or \
+        if not changes_results(c):
+            continue
+        if c.startswith("dataset.") or (c.startswith("eval.") and c not in _EVAL_NOT_IN_KEY) or \
                 c == "train.seed" or (name == "random-init" and c.startswith("model.")):
             keys.append(c)
     return keys
@@ -191,6 +211,33 @@ def load_runs(paths: PathLike | Iterable[PathLike], *, completed_only: bool = Fa
     once. Files that are not augtune records are skipped with a `SkippedRecordWarning`.
     `completed_only` keeps only completed runs (and references they measured), as `completed`.
     """
+    paths = _given(paths)
+    runs: list[dict] = []
+    measured: list[tuple[str, dict, dict]] = []  # (reference name, its metrics, the run row)
+    skipped = 0
+    for file, experiment in _record_files(paths):
+        record = _read(file)
+        if record is None:
+            skipped += 1
+            continue
+        row, references = _run_row(file, experiment, record)
+        runs.append(row)
+        measured += [(name, metrics, row) for name, metrics in references.items()]
+    if not runs:
+        where = ", ".join(str(p) for p in paths)
+        note = f" ({skipped} record.json file(s) skipped: not augtune records)" if skipped else ""
+        raise NoRecordsError(f"no augtune records (record.json) found under {where}{note}")
+    _label_datasets(runs)
+    config_columns = sorted({k for r in runs for k in r if "." in k})
+    references = _dedupe_references(measured, config_columns)
+    metrics = _ordered_metrics([*runs, *references], config_columns)
+    columns = [*BASE_COLUMNS, *config_columns, "measured_by", *metrics]
+    rows = [*runs, *references]
+    df = pd.DataFrame({c: _column([r.get(c) for r in rows]) for c in columns})
+    return completed(df) if completed_only else df
+
+
+def _given(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = [Path(p) for p in paths]
@@ -199,47 +246,122 @@ def load_runs(paths: PathLike | Iterable[PathLike], *, completed_only: bool = Fa
     for p in paths:
         if not p.exists():
             raise NoRecordsError(f"{p}: no such file or folder")
+    return paths
 
+
+def _record_files(paths: list[Path]) -> Iterable[tuple[Path, str]]:
+    """(record file, experiment name) under the paths, each file once."""
     seen: set[Path] = set()
-    runs: list[dict] = []
-    measured: list[tuple[str, dict, dict]] = []  # (reference name, its metrics, the run row)
-    skipped = 0
     for given in paths:
         experiment = _experiment_name(given)
         for file in find_records(given):
-            if file.resolve() in seen:
-                continue
-            seen.add(file.resolve())
-            record = _read(file)
-            if record is None:
-                skipped += 1
-                continue
-            row = {
-                "run": str(file.parent), "experiment": experiment, "kind": "run",
-                "status": record.get("status"), "error": record.get("error"),
-                "method": record.get("method"), "dataset": record.get("dataset"), "seed": record.get("seed"),
-                "epochs_done": len(record.get("epochs") or []),
-                **flatten_config(record.get("config")),
-            }
-            final = record.get("final") or {}
-            row.update({k: v for k, v in final.items() if k not in row})
-            runs.append(row)
-            for name, metrics in (record.get("references") or {}).items():
-                if isinstance(metrics, dict):
-                    measured.append((name, metrics, row))
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                yield file, experiment
 
-    if not runs:
-        where = ", ".join(str(p) for p in paths)
-        note = f" ({skipped} record.json file(s) skipped: not augtune records)" if skipped else ""
-        raise NoRecordsError(f"no augtune records (record.json) found under {where}{note}")
 
-    config_columns = sorted({k for r in runs for k in r if "." in k})
-    references = _dedupe_references(measured, config_columns)
-    metrics = _ordered_metrics([*runs, *references], config_columns)
-    columns = [*BASE_COLUMNS, *config_columns, "measured_by", *metrics]
-    rows = [*runs, *references]
-    df = pd.DataFrame({c: _column([r.get(c) for r in rows]) for c in columns})
-    return completed(df) if completed_only else df
+def _run_row(file: Path, experiment: str, record: dict) -> tuple[dict, dict[str, dict]]:
+    """The frame's row of one record, and the reference metrics it measured (both checked)."""
+    _check_shape(file, record)
+    final, references = _numbers_only(file, record)
+    row = {
+        "run": str(file.parent), "experiment": experiment, "kind": "run",
+        "status": record.get("status"), "error": record.get("error"),
+        "method": record.get("method"), "dataset": record.get("dataset"), "seed": record.get("seed"),
+        "epochs_done": len(record.get("epochs") or []),
+        **flatten_config(record.get("config")),
+    }
+    row.update({k: v for k, v in final.items() if k not in row})
+    return row, references
+
+
+# field -> (type, how to say it); fields a record needs are in _REQUIRED, the others may be absent or null
+_SHAPE = {"config": (dict, "a mapping"), "method": (str, "a string"), "dataset": (str, "a string"),
+          "status": (str, "a string"), "error": (str, "a string"), "final": (dict, "a mapping"),
+          "references": (dict, "a mapping"), "epochs": (list, "a list")}
+_REQUIRED = ("config", "method", "dataset", "status")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _check_shape(file: Path, record: dict) -> None:
+    """One `BrokenRecordError` line for the first field of the wrong shape."""
+    def broken(field: str, value: Any, what: str) -> BrokenRecordError:
+        return BrokenRecordError(f"{file}: broken record: {field} is {_kind(value)}, expected {what}")
+
+    for key, (tp, what) in _SHAPE.items():
+        value = record.get(key)
+        if not isinstance(value, tp) and (value is not None or key in _REQUIRED):
+            raise broken(key, value, what)
+    seed = record.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise broken("seed", seed, "an integer")
+    for name, values in (record.get("references") or {}).items():
+        if not isinstance(values, dict):
+            raise broken(f"references.{name}", values, "a mapping")
+    for i, epoch in enumerate(record.get("epochs") or []):
+        if not isinstance(epoch, dict):
+            raise broken(f"epochs[{i}]", epoch, "a mapping")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _numbers_only(file: Path, record: dict) -> tuple[dict, dict[str, dict]]:
+    """The final and reference metrics that are numbers (or null); one warning line for the rest."""
+    final = record.get("final") or {}
+    references = record.get("references") or {}
+    bad = [f"final.{k} = {_short(v)}" for k, v in final.items() if v is not None and not _is_number(v)]
+    bad += [f"references.{n}.{k} = {_short(v)}" for n, values in references.items()
+            for k, v in values.items() if v is not None and not _is_number(v)]
+    if bad:
+        warnings.warn(f"{file}: left out {', '.join(bad)} (not a number)", BadValueWarning, stacklevel=4)
+    elif record.get("status") == "completed" and not final:
+        warnings.warn(f"{file}: completed but it has no final metrics (it shows in no cell)", BadValueWarning,
+                      stacklevel=4)
+    final = {k: v for k, v in final.items() if v is None or _is_number(v)}
+    references = {n: {k: v for k, v in values.items() if v is None or _is_number(v)}
+                  for n, values in references.items()}
+    return final, references
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _label_datasets(runs: list[dict]) -> None:
+    """`dataset` <- the name, with the end of its file's path or of its root where that tells it apart."""
+    by_name: dict[str, set[str | None]] = {}
+    for r in runs:
+        by_name.setdefault(str(r.get("dataset")), set()).add(_location(r))
+    for r in runs:
+        places = by_name[str(r.get("dataset"))]
+        where = _location(r)
+        if where is not None and (r.get("dataset.path") is not None or len(places) > 1):
+            r["dataset"] = f"{r.get('dataset')} ({_short_path(where, places)})"
+
+
+def _location(row: dict) -> str | None:
+    """Where a run's data came from: its file (`dataset.path`), else its folder (`dataset.root`)."""
+    for key in ("dataset.path", "dataset.root"):
+        if isinstance(row.get(key), str):
+            return row[key]
+    return None
+
+
+def _short_path(where: str, places: set[str | None]) -> str:
+    """The fewest trailing parts of `where` that no other place of the same data set ends with."""
+    parts = Path(where).parts
+    others = [Path(p).parts for p in places if p is not None and p != where]
+    for n in range(1, len(parts) + 1):
+        tail = parts[-n:]
+        if not any(o[-n:] == tail for o in others):
+            return str(Path(*tail))
+    return where
 
 
 # The shared metric names (DESIGN.md) first, in their order; others after, alphabetically.
@@ -264,7 +386,8 @@ def _dedupe_references(measured: list[tuple[str, dict, dict]], config_columns: l
     for (name, *_), members in groups.items():
         members.sort(key=lambda m: (m[1]["status"] != "completed", m[1]["run"]))
         first = members[0][1]
-        row = {c: first.get(c) for c in ("run", "experiment", "status", *reference_key_columns(name, config_columns))}
+        keys = ("run", "experiment", "status", *reference_key_columns(name, config_columns))
+        row = {c: first.get(c) for c in keys}
         row.update(kind="reference", method=name, error=None, epochs_done=None, measured_by=len(members))
         for metrics, _ in members:
             for k, v in metrics.items():

@@ -1,17 +1,27 @@
 """Dataset registry: name -> loader -> :class:`DataSplit`, with one shared post-processing step.
 
-A loader reads its files and returns images scaled to [0, 1] (or vectors as given) with its own
-labels; :func:`load_dataset` then, in this order: remaps labels that are not 0..C-1, takes the
-stratified ``max_train``/``max_test`` subsamples, flattens images when ``as_vectors``, z-scores
-vectors when ``standardize``, and computes the per-channel image mean/std of the train split.
+A loader reads its files and returns images as uint8 pixel counts (or float32 in [0, 1], or a streamed
+source of files) and vectors in whatever real dtype they are stored, with its own labels;
+:func:`load_dataset` then, in this order: takes the stratified ``max_train``/``max_test`` subsamples
+(before anything is converted: a 2k subset of a 60k set never holds the 60k as floats), remaps labels
+that are not 0..C-1, flattens images when ``as_vectors``, makes vectors float32 and z-scores them when
+``standardize`` (statistics accumulated in float64 chunk by chunk), and computes the per-channel image
+mean/std of the training images (uint8: exact, from a histogram of the pixel values).
 
-Nothing here touches the network unless ``dataset.download`` is true, and nothing is cached on
-disk. Where the files are looked for when ``dataset.root`` is not set:
+Images stay uint8 in memory, 4x smaller than float32, and become float32 in [0, 1] per batch on the
+training device (:func:`augtune.data.batches.as_float`: the very numbers the float32 copy held).
+With ``dataset.shared`` (the default) the result is kept in a memory-mapped cache per node
+(:mod:`augtune.data.cache`): concurrent trials on one node map one read-only copy instead of
+each holding its own, and the second trial does not read or decode the files again.
+
+Nothing here touches the network unless ``dataset.download`` is true. Where the files are looked for
+when ``dataset.root`` is not set:
 
 - ``digits``: inside scikit-learn (1797 real 8x8 digits).
 - ``fashion_mnist``: ``/usr/share/datasets/fashion-mnist`` (Debian ``dataset-fashion-mnist``),
   then ``<cache>/FashionMNIST/raw``.
 - ``cifar10``, ``cifar100``, ``stl10``: ``<cache>`` in torchvision's layout.
+- ``imagefolder``, ``arrays``: ``dataset.path`` (:mod:`augtune.data.imagefolder`).
 
 ``<cache>`` is :func:`default_root`: ``$XDG_CACHE_HOME/augtune/data``, i.e. usually
 ``~/.cache/augtune/data``; ``download: true`` fetches into ``dataset.root`` or there.
@@ -19,17 +29,20 @@ disk. Where the files are looked for when ``dataset.root`` is not set:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
-from augtune.config import DatasetConfig
-from augtune.data import formats
+from augtune.config import DatasetConfig, to_dict
+from augtune.data import cache, formats
+from augtune.data.batches import as_float, is_streamed
 from augtune.data.formats import DataError
 
 
@@ -39,13 +52,20 @@ class DataSplit:
     modality: str  # "image" or "vector"
     shape: tuple[int, ...]  # per sample: (C, H, W) for images, (D,) for vectors
     num_classes: int
-    x_train: torch.Tensor  # float32 (N, *shape); images in [0, 1]
+    # (N, *shape). Images: uint8 pixel counts (as_float -> [0, 1]), float32 as given, or a streamed source
+    # of files (imagefolder, cache: none); vectors: float32 (a loader may return any real dtype: load_dataset
+    # converts after subsampling)
+    x_train: Any
     y_train: torch.Tensor  # int64 (N,), labels 0..num_classes-1
-    x_test: torch.Tensor
+    x_test: Any
     y_test: torch.Tensor
-    mean: tuple[float, ...] | None  # images: per-channel mean of x_train; None for vectors
+    # images: per-channel mean of the training images in [0, 1]; None for vectors
+    mean: tuple[float, ...] | None
     std: tuple[float, ...] | None
     classes: tuple[str, ...]  # one name per class
+    # (U, *shape) images without labels, for pre-training only (STL-10's unlabelled split); None: none.
+    # Held right after x_train in one block where possible, so that `pretrain` is a view, not a copy
+    x_unlabeled: Any = None
 
     def __post_init__(self) -> None:
         # cheap consistency checks only (no pass over the data): they catch a loader's mistakes
@@ -53,51 +73,83 @@ class DataSplit:
             raise ValueError(f"{self.name}: modality must be 'image' or 'vector', got {self.modality!r}")
         if len(self.shape) != (3 if self.modality == "image" else 1):
             raise ValueError(f"{self.name}: {self.modality} shape {self.shape} should be (C, H, W) or (D,)")
-        for part in ("train", "test"):
-            x, y = getattr(self, f"x_{part}"), getattr(self, f"y_{part}")
-            if x.dtype != torch.float32 or tuple(x.shape[1:]) != self.shape:
-                raise ValueError(f"{self.name}: x_{part} should be float32 (N, *{self.shape}), "
+        for part in ("train", "test", "unlabeled"):
+            x, y = getattr(self, f"x_{part}"), getattr(self, f"y_{part}", None)
+            if x is None and part == "unlabeled":
+                continue
+            ok = (
+                x.dtype == torch.uint8
+                or x.dtype.is_floating_point
+                or (self.modality == "vector" and _real(x))
+            )
+            if not ok or tuple(x.shape[1:]) != self.shape:
+                raise ValueError(f"{self.name}: x_{part} should be uint8 or float (N, *{self.shape}), "
                                  f"got {x.dtype} {tuple(x.shape)}")
-            if y.dtype != torch.int64 or y.shape != (x.shape[0],):
+            if y is not None and (y.dtype != torch.int64 or y.shape != (x.shape[0],)):
                 raise ValueError(f"{self.name}: y_{part} should be int64 ({x.shape[0]},), "
                                  f"got {y.dtype} {tuple(y.shape)}")
         if len(self.classes) != self.num_classes:
             raise ValueError(f"{self.name}: {len(self.classes)} class names for {self.num_classes} classes")
 
+    def pretrain(self) -> tuple[Any, torch.Tensor]:
+        """(x, y) of the rows a method trains on: x_train, then x_unlabeled's rows (label -1)."""
+        if self.x_unlabeled is None:
+            return self.x_train, self.y_train
+        y = torch.cat([self.y_train, torch.full((len(self.x_unlabeled),), -1, dtype=torch.int64)])
+        return _joined(self.x_train, self.x_unlabeled), y
+
+
+def _real(x: Any) -> bool:
+    return x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a and b as one tensor: a view when b's rows follow a's in one storage (as loaders make them)."""
+    storage = a.untyped_storage()
+    follows = (a.is_contiguous() and b.is_contiguous() and a.dtype == b.dtype
+               and b.untyped_storage().data_ptr() == storage.data_ptr()
+               and b.storage_offset() == a.storage_offset() + a.numel())
+    if not follows:
+        return torch.cat([a, b])
+    return a.new_empty(0).set_(storage, a.storage_offset(), (len(a) + len(b), *a.shape[1:]))
+
 
 Loader = Callable[[DatasetConfig], DataSplit]
+Sources = Callable[[DatasetConfig], Optional[list[Path]]]
 DATASETS: dict[str, Loader] = {}
+# name -> the files a loader reads for a config (None: not found yet). Only a loader that names them is
+# kept in the shared per-node copy: its key is computed over their paths, sizes and modification times
+SOURCES: dict[str, Sources] = {}
+# source files smaller than this in all are read by each process: a copy on disk buys nothing for them
+# (digits' 57 KB file, a small .npz) and would leave a cache entry per file behind
+SHARED_MIN_BYTES = 1 << 20
 
 
-def register(name: str) -> Callable[[Loader], Loader]:
-    """Decorator: ``@register("mydata")`` adds a loader under ``dataset.name: mydata``."""
+def register(name: str, sources: Sources | None = None) -> Callable[[Loader], Loader]:
+    """Decorator: ``@register("mydata")`` adds a loader under ``dataset.name: mydata``; with
+    ``sources=fn`` (fn(cfg) -> the files it reads) its data is shared between trials on a node."""
     def add(loader: Loader) -> Loader:
         if name in DATASETS and DATASETS[name] is not loader:
             raise ValueError(f"dataset {name!r} is already registered")
         DATASETS[name] = loader
+        if sources is not None:
+            SOURCES[name] = sources
         return loader
     return add
 
 
 def load_dataset(cfg: DatasetConfig) -> DataSplit:
-    """The loader named by ``cfg.name``, then the shared post-processing (see the module doc)."""
+    """The loader named by ``cfg.name``, then the shared post-processing (see the module doc); from the
+    node's shared copy when there is one (``dataset.shared``)."""
     if cfg.name not in DATASETS:
         raise DataError(f"dataset.name: unknown dataset {cfg.name!r} (known: {', '.join(sorted(DATASETS))})")
-    split = DATASETS[cfg.name](cfg)
-    split = _contiguous_labels(split)
-    split = _subsample(split, cfg.max_train, cfg.max_test, cfg.split_seed)
-    if split.modality == "image" and cfg.as_vectors:
-        split = dataclasses.replace(split, modality="vector", shape=(int(np.prod(split.shape)),),
-                                    x_train=split.x_train.flatten(1), x_test=split.x_test.flatten(1))
-    if split.modality == "vector":
-        split = dataclasses.replace(split, mean=None, std=None)
-        if cfg.standardize:
-            split = _standardize(split)
-    else:
-        x = split.x_train  # (N, C, H, W)
-        split = dataclasses.replace(split, mean=tuple(x.mean(dim=(0, 2, 3)).tolist()),
-                                    std=tuple(x.std(dim=(0, 2, 3), correction=0).tolist()))
-    return split
+    sources = SOURCES.get(cfg.name) if cfg.shared and cfg.cache == "memory" else None
+    files = sources(cfg) if sources is not None else None
+    if files is None or sum(os.stat(f).st_size for f in files) < SHARED_MIN_BYTES:
+        return _prepare(cfg)
+    folder = Path(cfg.shared_dir).expanduser() if cfg.shared_dir else default_root().parent / "shared"
+    arrays, meta = cache.load_or_build(folder, _shared_key(cfg, files), lambda: _to_arrays(_prepare(cfg)))
+    return _from_arrays(arrays, meta)
 
 
 def default_root() -> Path:
@@ -105,8 +157,39 @@ def default_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "augtune" / "data"
 
 
+def _prepare(cfg: DatasetConfig) -> DataSplit:
+    split = DATASETS[cfg.name](cfg)
+    split = _subsample(split, cfg.max_train, cfg.max_test, cfg.split_seed)
+    split = _contiguous_labels(split)
+    if split.modality == "image" and cfg.as_vectors:
+        if is_streamed(split.x_train):
+            raise DataError("dataset.as_vectors: needs the images in memory (dataset.cache: memory)")
+        split = _vectors(split, lambda x: as_float(x).flatten(1), cfg.standardize)  # uint8: pixels in [0, 1]
+    elif split.modality == "vector":
+        split = _vectors(split, lambda x: x.to(torch.float32), cfg.standardize)
+    else:
+        split = _map_x(
+            split, lambda x: x if x.dtype == torch.uint8 or is_streamed(x) else x.to(torch.float32)
+        )
+        if split.mean is None:
+            split = dataclasses.replace(
+                split, **dict(zip(("mean", "std"), _image_stats(split.pretrain()[0])))
+            )
+    return split
+
+
 # ---------------------------------------------------------------------------------------------
 # Shared post-processing
+
+def _map_x(split: DataSplit, fn: Callable[[Any], Any], **changes: Any) -> DataSplit:
+    """`fn` applied to the training images (x_train and x_unlabeled as one block: one result) and x_test,
+    with the other `changes` made at the same time."""
+    x = fn(split.pretrain()[0])
+    n = len(split.x_train)
+    unlabeled = x[n:] if split.x_unlabeled is not None else None
+    return dataclasses.replace(split, x_train=x[:n] if unlabeled is not None else x, x_unlabeled=unlabeled,
+                               x_test=fn(split.x_test), **changes)
+
 
 def _contiguous_labels(split: DataSplit) -> DataSplit:
     """Labels outside 0..num_classes-1 (a user's {3, 7, 9}) become their rank among the labels seen.
@@ -124,20 +207,27 @@ def _contiguous_labels(split: DataSplit) -> DataSplit:
                                y_test=torch.searchsorted(values, split.y_test))
 
 
+def subsample_index(y: np.ndarray, n: int | None, seed: int, what: str) -> torch.Tensor | None:
+    """The sorted rows of a stratified, seeded subsample of `n` of the labels `y`; None: keep them all.
+    Loaders that can skip reading rows (STL-10's memory map, an image tree) apply it themselves."""
+    if n is None or n >= len(y):
+        return None
+    return stratified_indices(y, train_size=n, seed=seed, what=what)[0]
+
+
 def _subsample(split: DataSplit, max_train: int | None, max_test: int | None, seed: int) -> DataSplit:
-    changes: dict[str, torch.Tensor] = {}
+    changes: dict[str, Any] = {}
     for part, n in (("train", max_train), ("test", max_test)):
         y = getattr(split, f"y_{part}")
-        if n is None or n >= len(y):
-            continue
-        idx = _stratified_indices(y.numpy(), train_size=n, seed=seed, what=f"dataset.max_{part}")[0]
-        changes[f"x_{part}"] = getattr(split, f"x_{part}")[idx]
-        changes[f"y_{part}"] = y[idx]
+        idx = subsample_index(y.numpy(), n, seed, f"dataset.max_{part}")
+        if idx is not None:
+            changes[f"x_{part}"] = getattr(split, f"x_{part}")[idx]
+            changes[f"y_{part}"] = y[idx]
     return dataclasses.replace(split, **changes) if changes else split
 
 
-def _stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int | None = None,
-                        test_size: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int | None = None,
+                       test_size: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded, stratified split of ``range(len(y))``; each part sorted, so order follows the file."""
     try:
         a, b = train_test_split(np.arange(len(y)), train_size=train_size, test_size=test_size,
@@ -147,28 +237,131 @@ def _stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int 
     return torch.from_numpy(np.sort(a)), torch.from_numpy(np.sort(b))
 
 
-def _standardize(split: DataSplit) -> DataSplit:
-    """z-score each feature with train statistics (PiNDA B.2 "rescale the input")."""
-    # statistics in float64 so that large offsets do not eat the variance; applied in float32
-    var, mean = torch.var_mean(split.x_train.double(), dim=0, correction=0)  # (D,)
-    constant = split.x_train.amax(0) == split.x_train.amin(0)  # exact test: var may be 1e-34, not 0
+_CHUNK = 4096  # rows per step of the chunked passes below (memory, not results)
+# bytes of float64 per step of the vector passes: small enough that the C allocator hands the temporaries
+# back (glibc keeps freed blocks below its mmap threshold, which grows to 32 MiB, in the heap)
+_CHUNK_BYTES = 2 << 20
+
+
+def _rows_per_chunk(dim: int) -> int:
+    return max(1, _CHUNK_BYTES // (8 * max(1, dim)))
+
+
+Convert = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _feature_stats(x: torch.Tensor, convert: Convert) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (D,) mean and std (1 for a constant feature) of the float32 vectors `convert(x)`, accumulated
+    in float64 a chunk of rows at a time: neither the vectors nor a float64 copy are ever whole (two passes:
+    the mean, then squared deviations from it)."""
+    n, step = len(x), _rows_per_chunk(int(np.prod(x.shape[1:])))
+    total = lo = hi = None
+    for i in range(0, n, step):
+        c = convert(x[i:i + step])
+        total = c.double().sum(0) if total is None else total + c.double().sum(0)
+        lo = c.amin(0) if lo is None else torch.minimum(lo, c.amin(0))
+        hi = c.amax(0) if hi is None else torch.maximum(hi, c.amax(0))
+    mean = total / n
+    sq = torch.zeros_like(total)
+    for i in range(0, n, step):
+        sq += (convert(x[i:i + step]).double() - mean).square_().sum(0)
+    var = sq / n
+    constant = hi == lo  # exact test: var may be 1e-34, not 0
     std = torch.where(constant | (var == 0), torch.ones_like(var), var.sqrt())
-    mean, std = mean.float(), std.float()
+    return mean.float(), std.float()
 
-    def scale(t: torch.Tensor) -> torch.Tensor:
-        return (t - mean) / std
 
-    return dataclasses.replace(split, x_train=scale(split.x_train), x_test=scale(split.x_test))
+def _vectors(split: DataSplit, convert: Convert, standardize: bool) -> DataSplit:
+    """float32 (N, D) vectors `convert(x)`, z-scored with train statistics when `standardize` (PiNDA B.2
+    "rescale the input"), written chunk by chunk into one new tensor: the input and the result are all
+    that is ever held (no whole intermediate float or float64 copy)."""
+    x, _ = split.pretrain()
+    mean, std = _feature_stats(x, convert) if standardize else (None, None)
+    dim = convert(x[:1]).shape[1]
+
+    def finish(t: torch.Tensor) -> torch.Tensor:
+        if mean is None and t.dtype == torch.float32 and t.dim() == 2:
+            return t  # nothing to convert
+        out = torch.empty((len(t), dim), dtype=torch.float32)
+        step = _rows_per_chunk(dim)
+        for i in range(0, len(t), step):
+            c = convert(t[i:i + step])
+            out[i:i + step] = c if mean is None else (c - mean) / std
+        return out
+
+    return _map_x(split, finish, modality="vector", shape=(dim,), mean=None, std=None)
+
+
+def pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std (population) of uint8 images (N, C, H, W) as float32 values in [0, 1]:
+    exact up to float64 rounding, from a histogram of the 256 pixel values per channel (no float copy)."""
+    channels = x.shape[1]
+    counts = np.zeros((channels, 256), dtype=np.int64)
+    for i in range(0, len(x), _CHUNK // 4):
+        block = x[i:i + _CHUNK // 4].numpy()
+        for c in range(channels):
+            counts[c] += np.bincount(block[:, c].ravel(), minlength=256)
+    values = (np.arange(256, dtype=np.float32) / np.float32(255)).astype(np.float64)  # as as_float gives them
+    n = counts.sum(1)
+    mean = (counts * values).sum(1) / n
+    var = (counts * (values - mean[:, None]) ** 2).sum(1) / n
+    # float32, as the mean of the float32 images used to be reported
+    return tuple(float(np.float32(m)) for m in mean), tuple(float(np.float32(s)) for s in np.sqrt(var))
+
+
+def _image_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if x.dtype == torch.uint8:
+        return pixel_stats(x)
+    return tuple(x.mean(dim=(0, 2, 3)).tolist()), tuple(x.std(dim=(0, 2, 3), correction=0).tolist())
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared per-node copy (see augtune.data.cache)
+
+# Keys that do not change the data: where the copy lives, decoding processes, whether to fetch
+_NOT_CONTENT = ("shared", "shared_dir", "workers", "download", "cache")
+
+
+def _shared_key(cfg: DatasetConfig, files: list[Path]) -> str:
+    """`<name>-<hash>` of everything the data depends on: the config's content keys, the source files'
+    paths, sizes and modification times, and the package's version and cache format."""
+    from augtune import __version__
+
+    h = hashlib.sha256()
+    settings = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_CONTENT}
+    h.update(json.dumps([cache.FORMAT, __version__, settings], sort_keys=True, default=str).encode())
+    for f in files:
+        st = os.stat(f)
+        h.update(f"\n{os.path.abspath(f)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
+    return f"{cfg.name}-{h.hexdigest()[:24]}"
+
+
+def _to_arrays(split: DataSplit) -> tuple[dict[str, np.ndarray], dict]:
+    x, _ = split.pretrain()
+    arrays = {"x_train": x.numpy(), "y_train": split.y_train.numpy(), "x_test": split.x_test.numpy(),
+              "y_test": split.y_test.numpy()}
+    meta = {"name": split.name, "modality": split.modality, "shape": list(split.shape),
+            "num_classes": split.num_classes, "mean": split.mean, "std": split.std,
+            "classes": list(split.classes), "labeled": len(split.x_train)}
+    return arrays, meta
+
+
+def _from_arrays(arrays: dict[str, np.ndarray], meta: dict) -> DataSplit:
+    t = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    n = meta["labeled"]
+    x_train, unlabeled = t["x_train"][:n], (t["x_train"][n:] if len(t["x_train"]) > n else None)
+    tup = (lambda v: None if v is None else tuple(v))
+    return DataSplit(meta["name"], meta["modality"], tuple(meta["shape"]), meta["num_classes"], x_train,
+                     t["y_train"], t["x_test"], t["y_test"], tup(meta["mean"]), tup(meta["std"]),
+                     tuple(meta["classes"]), unlabeled)
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers for loaders
 
-def _images(x: np.ndarray, scale: float = 255.0) -> torch.Tensor:
-    """uint8 (N, C, H, W) pixel counts -> float32 in [0, 1] (correctly rounded division)."""
-    out = x.astype(np.float32, order="C")  # a fresh, writable, C-contiguous copy (STL's is a transposed view)
-    np.divide(out, np.float32(scale), out=out)
-    return torch.from_numpy(out)
+def _pixels(x: np.ndarray) -> torch.Tensor:
+    """uint8 (N, C, H, W) pixel counts as a C-contiguous tensor (a copy only where x is a strided view)."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.uint8))
 
 
 def _labels(y: np.ndarray) -> torch.Tensor:
@@ -185,11 +378,15 @@ def _download(title: str, root: Path, fetch: Callable[[Any, str], Any]) -> None:
     try:
         import torchvision.datasets as tvd
     except ImportError:
-        raise DataError(f"dataset.download: fetching {title} needs torchvision (pip install torchvision)") from None
+        raise DataError(
+            f"dataset.download: fetching {title} needs torchvision (pip install torchvision)"
+        ) from None
     try:
         fetch(tvd, str(root))
     except Exception as e:  # network, disk, checksum: report, do not hide
-        raise DataError(f"dataset.download: fetching {title} into {root} failed ({type(e).__name__}: {e})") from None
+        raise DataError(
+            f"dataset.download: fetching {title} into {root} failed ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _root(cfg: DatasetConfig) -> Path:
@@ -199,16 +396,24 @@ def _root(cfg: DatasetConfig) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Loaders
 
-@register("digits")
+def _digits_file(cfg: DatasetConfig) -> list[Path] | None:
+    import sklearn.datasets
+
+    found = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    return [found] if found.is_file() else None
+
+
+@register("digits", sources=_digits_file)
 def load_digits(cfg: DatasetConfig) -> DataSplit:
     """scikit-learn's 1797 8x8 digits (pixel counts 0..16), stratified seeded train/test split."""
     from sklearn.datasets import load_digits as sk_digits
 
     d = sk_digits()
+    # float32 k/16 (exact), not uint8: as_float's table is v/255, and the set is 0.5 MB
     x = torch.from_numpy((d.images / 16.0).astype(np.float32)).unsqueeze(1)  # (1797, 1, 8, 8)
     y = _labels(d.target)
-    tr, te = _stratified_indices(d.target, test_size=cfg.test_fraction, seed=cfg.split_seed,
-                                 what="dataset.test_fraction")
+    tr, te = stratified_indices(d.target, test_size=cfg.test_fraction, seed=cfg.split_seed,
+                                what="dataset.test_fraction")
     return DataSplit("digits", "image", (1, 8, 8), 10, x[tr], y[tr], x[te], y[te], None, None,
                      tuple(str(i) for i in range(10)))
 
@@ -231,46 +436,77 @@ def _idx_files(folder: Path) -> list[Path] | None:
     return found
 
 
-@register("fashion_mnist")
+def _fashion_folders(cfg: DatasetConfig) -> list[Path]:
+    # dataset.root may be a flat folder of the four files, or torchvision's <root>/FashionMNIST/raw
+    base = _root(cfg)
+    return (
+        [base, base / "FashionMNIST" / "raw"]
+        if cfg.root
+        else [FASHION_MNIST_DIR, base / "FashionMNIST" / "raw"]
+    )
+
+
+def _fashion_files(cfg: DatasetConfig) -> list[Path] | None:
+    return next((f for f in map(_idx_files, _fashion_folders(cfg)) if f), None)
+
+
+@register("fashion_mnist", sources=_fashion_files)
 def load_fashion_mnist(cfg: DatasetConfig) -> DataSplit:
     """The original IDX files: 60k train / 10k test, 1x28x28."""
-    base = _root(cfg)
-    # dataset.root may be a flat folder of the four files, or torchvision's <root>/FashionMNIST/raw
-    folders = [base, base / "FashionMNIST" / "raw"] if cfg.root else [FASHION_MNIST_DIR, base / "FashionMNIST" / "raw"]
-    files = next((f for f in map(_idx_files, folders) if f), None)
+    base, folders = _root(cfg), _fashion_folders(cfg)
+    files = _fashion_files(cfg)
     if files is None and cfg.download:
         _download("Fashion-MNIST", base, lambda tvd, r: tvd.FashionMNIST(r, train=True, download=True))
         files = _idx_files(base / "FashionMNIST" / "raw")
     if files is None:
         looked = " or ".join(str(f / f"{_FASHION_MNIST_FILES[0]}.gz") for f in folders)
-        raise DataError(f"fashion_mnist: no IDX files found (looked for {looked}); apt-get install -y "
-                        f"dataset-fashion-mnist, or set dataset.root: a folder with the four *-ubyte[.gz] files, "
-                        f"or dataset.download: true to let torchvision fetch Fashion-MNIST into {base}")
+        raise DataError(
+            f"fashion_mnist: no IDX files found (looked for {looked}); apt-get install -y "
+            f"dataset-fashion-mnist, or set dataset.root: a folder with the four *-ubyte[.gz] files, "
+            f"or dataset.download: true to let torchvision fetch Fashion-MNIST into {base}"
+        )
     xs, ys = [], []
     for images, labels in (files[:2], files[2:]):
-        x = formats.read_idx(images, ndim=3)  # (N, 28, 28) uint8
+        x = formats.read_idx(images, ndim=3, shape=(None, 28, 28))  # (N, 28, 28) uint8
         y = formats.read_idx(labels, ndim=1)  # (N,) uint8
-        if x.dtype != np.uint8 or x.shape[1:] != (28, 28) or y.shape != (x.shape[0],):
+        if x.dtype != np.uint8 or y.shape != (x.shape[0],):
             raise DataError(f"{images}: expected uint8 (N, 28, 28) with N labels in {labels.name}, "
                             f"got {x.dtype} {x.shape} and {y.shape[0]} labels")
         _check_labels(y, 10, labels)
-        xs.append(_images(x[:, None]))  # (N, 1, 28, 28)
+        xs.append(_pixels(x[:, None]))  # (N, 1, 28, 28)
         ys.append(_labels(y))
     return DataSplit("fashion_mnist", "image", (1, 28, 28), 10, xs[0], ys[0], xs[1], ys[1], None, None,
                      FASHION_MNIST_CLASSES)
+
+
+def _cifar_dir(cfg: DatasetConfig, folder: str, first: str) -> Path:
+    # dataset.root is the folder holding `folder`; accept `folder` itself too
+    root = _root(cfg)
+    return root if (root / first).is_file() and not (root / folder).is_dir() else root / folder
+
+
+def _cifar_sources(folder: str, files: list[str], meta: str) -> Sources:
+    def sources(cfg: DatasetConfig) -> list[Path] | None:
+        data_dir = _cifar_dir(cfg, folder, files[0])
+        found = [data_dir / f for f in files]
+        if not all(f.is_file() for f in found):
+            return None
+        return found + ([data_dir / meta] if (data_dir / meta).is_file() else [])
+    return sources
 
 
 def _load_cifar(cfg: DatasetConfig, name: str, title: str, folder: str, train: list[str], test: str,
                 label_key: str, meta: str, names_key: str, num_classes: int, tv_class: str) -> DataSplit:
     """CIFAR in torchvision's layout, read without torchvision (whose md5 checks refuse subsets)."""
     root = _root(cfg)
-    # dataset.root is the folder holding `folder`; accept `folder` itself too
-    data_dir = root if (root / train[0]).is_file() and not (root / folder).is_dir() else root / folder
+    data_dir = _cifar_dir(cfg, folder, train[0])
     if not (data_dir / train[0]).is_file() and cfg.download:
         _download(title, root, lambda tvd, r: getattr(tvd, tv_class)(r, train=True, download=True))
     if not (data_dir / train[0]).is_file():
-        raise DataError(f"{name}: {data_dir / train[0]} not found; set dataset.download: true to let torchvision "
-                        f"fetch {title} into {root}, or dataset.root: the folder holding {folder}/")
+        raise DataError(
+            f"{name}: {data_dir / train[0]} not found; set dataset.download: true to let torchvision "
+            f"fetch {title} into {root}, or dataset.root: the folder holding {folder}/"
+        )
     names = formats.read_cifar_names(data_dir / meta, names_key) or tuple(str(i) for i in range(num_classes))
     if len(names) != num_classes:
         raise DataError(f"{data_dir / meta}: {len(names)} class names, {title} has {num_classes}")
@@ -281,61 +517,133 @@ def _load_cifar(cfg: DatasetConfig, name: str, title: str, folder: str, train: l
             _check_labels(y, num_classes, data_dir / f)
         x = np.concatenate([b[0] for b in batches])  # (N, 3, 32, 32) uint8
         y = np.concatenate([b[1] for b in batches])
-        parts += [_images(x), _labels(y)]
+        parts += [_pixels(x), _labels(y)]
     return DataSplit(name, "image", (3, 32, 32), num_classes, *parts, None, None, names)
 
 
-@register("cifar10")
+_CIFAR10 = ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch", "batches.meta")
+_CIFAR100 = ("cifar-100-python", ["train"], "test", "meta")
+
+
+@register("cifar10", sources=_cifar_sources(_CIFAR10[0], _CIFAR10[1] + [_CIFAR10[2]], _CIFAR10[3]))
 def load_cifar10(cfg: DatasetConfig) -> DataSplit:
     """CIFAR-10 in torchvision's layout under dataset.root: 50k train / 10k test, 3x32x32."""
-    return _load_cifar(cfg, "cifar10", "CIFAR-10", "cifar-10-batches-py",
-                       [f"data_batch_{i}" for i in range(1, 6)], "test_batch", "labels",
-                       "batches.meta", "label_names", 10, "CIFAR10")
+    return _load_cifar(cfg, "cifar10", "CIFAR-10", _CIFAR10[0], _CIFAR10[1], _CIFAR10[2], "labels",
+                       _CIFAR10[3], "label_names", 10, "CIFAR10")
 
 
-@register("cifar100")
+@register("cifar100", sources=_cifar_sources(_CIFAR100[0], _CIFAR100[1] + [_CIFAR100[2]], _CIFAR100[3]))
 def load_cifar100(cfg: DatasetConfig) -> DataSplit:
     """CIFAR-100 (fine labels) in torchvision's layout under dataset.root: 50k / 10k, 3x32x32."""
     # the 100 fine labels; the 20 coarse superclasses are not exposed
-    return _load_cifar(cfg, "cifar100", "CIFAR-100", "cifar-100-python", ["train"], "test", "fine_labels",
-                       "meta", "fine_label_names", 100, "CIFAR100")
+    return _load_cifar(cfg, "cifar100", "CIFAR-100", _CIFAR100[0], _CIFAR100[1], _CIFAR100[2], "fine_labels",
+                       _CIFAR100[3], "fine_label_names", 100, "CIFAR100")
 
 
-@register("stl10")
-def load_stl10(cfg: DatasetConfig) -> DataSplit:
-    """STL-10's labelled splits (5k train / 8k test, 3x96x96); the 100k unlabelled split is not loaded."""
+def _stl_dir(cfg: DatasetConfig) -> Path:
     root = _root(cfg)
-    data_dir = root if (root / "train_X.bin").is_file() else root / "stl10_binary"
+    return root if (root / "train_X.bin").is_file() else root / "stl10_binary"
+
+
+def _stl_sources(cfg: DatasetConfig) -> list[Path] | None:
+    d = _stl_dir(cfg)
+    parts = ["train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"] + (
+        ["unlabeled_X.bin"] if cfg.unlabeled else []
+    )
+    found = [d / f for f in parts]
+    if not all(f.is_file() for f in found):
+        return None
+    return found + ([d / "class_names.txt"] if (d / "class_names.txt").is_file() else [])
+
+
+@register("stl10", sources=_stl_sources)
+def load_stl10(cfg: DatasetConfig) -> DataSplit:
+    """STL-10: labelled splits 5k train / 8k test, 3x96x96; with ``dataset.unlabeled: true`` the 100k
+    unlabelled images join the training images for pre-training (evaluation stays on the labelled splits,
+    as the papers do). Rows are copied out of memory maps, only those kept (``max_train`` applies to the
+    unlabelled split too: a seeded sample of at most that many)."""
+    root, data_dir = _root(cfg), _stl_dir(cfg)
     if not (data_dir / "train_X.bin").is_file() and cfg.download:
         _download("STL-10", root, lambda tvd, r: tvd.STL10(r, split="train", download=True))
     if not (data_dir / "train_X.bin").is_file():
-        raise DataError(f"stl10: {data_dir / 'train_X.bin'} not found; set dataset.download: true to let "
-                        f"torchvision fetch STL-10 into {root}, or dataset.root: the folder holding stl10_binary/")
-    parts = []
-    for part in ("train", "test"):
-        x = formats.read_stl_images(data_dir / f"{part}_X.bin")  # (N, 3, 96, 96) uint8
+        raise DataError(
+            f"stl10: {data_dir / 'train_X.bin'} not found; set dataset.download: true to let "
+            f"torchvision fetch STL-10 into {root}, or dataset.root: the folder holding stl10_binary/"
+        )
+    parts, rows = [], []
+    for part, n in (("train", cfg.max_train), ("test", cfg.max_test)):
+        x = formats.read_stl_images(data_dir / f"{part}_X.bin")  # (N, 3, 96, 96) uint8, memory-mapped
         y = formats.read_stl_labels(data_dir / f"{part}_y.bin")
         if len(y) != len(x):
-            raise DataError(f"{data_dir / f'{part}_y.bin'}: {len(y)} labels for {len(x)} images in {part}_X.bin")
-        parts += [_images(x), _labels(y)]
+            raise DataError(
+                f"{data_dir / f'{part}_y.bin'}: {len(y)} labels for {len(x)} images in {part}_X.bin"
+            )
+        idx = subsample_index(y, n, cfg.split_seed, f"dataset.max_{part}")
+        keep = np.arange(len(y)) if idx is None else idx.numpy()
+        parts.append((x, y[keep]))
+        rows.append(keep)
+    (x_tr, y_tr), (x_te, y_te) = parts
+    unlabeled, u_rows = _stl_unlabeled(cfg, data_dir) if cfg.unlabeled else (None, np.arange(0))
+    n_tr = len(rows[0])
+    formats.check_fits(data_dir, (n_tr + len(u_rows) + len(rows[1])) * x_tr[0].size, "STL-10's images")
+    pool = np.empty((n_tr + len(u_rows), 3, 96, 96), dtype=np.uint8)  # train, then unlabelled: one block
+    _copy_rows(pool[:n_tr], x_tr, rows[0])
+    if unlabeled is not None:
+        _copy_rows(pool[n_tr:], unlabeled, u_rows)
+    test = np.empty((len(rows[1]), 3, 96, 96), dtype=np.uint8)
+    _copy_rows(test, x_te, rows[1])
     names_file = data_dir / "class_names.txt"
-    names = tuple(n.strip() for n in names_file.read_text().splitlines() if n.strip()) if names_file.is_file() else ()
+    names = (
+        tuple(n.strip() for n in names_file.read_text().splitlines() if n.strip())
+        if names_file.is_file()
+        else ()
+    )
     if len(names) != 10:
         names = tuple(str(i) for i in range(10))
-    return DataSplit("stl10", "image", (3, 96, 96), 10, *parts, None, None, names)
+    block = torch.from_numpy(pool)
+    return DataSplit("stl10", "image", (3, 96, 96), 10, block[:n_tr], _labels(y_tr), torch.from_numpy(test),
+                     _labels(y_te), None, None, names, block[n_tr:] if unlabeled is not None else None)
+
+
+def _stl_unlabeled(cfg: DatasetConfig, data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The memory-mapped unlabelled images and the rows kept: all, or a seeded `max_train` of them."""
+    path = data_dir / "unlabeled_X.bin"
+    if not path.is_file():
+        raise DataError(f"dataset.unlabeled: {path} not found (STL-10's 100k unlabelled images, "
+                        f"unlabeled_X.bin of stl10_binary)")
+    unlabeled = formats.read_stl_images(path)
+    rows = np.arange(len(unlabeled))
+    if cfg.max_train is not None and cfg.max_train < len(rows):
+        rows = np.sort(np.random.default_rng(cfg.split_seed).choice(len(rows), cfg.max_train, replace=False))
+    return unlabeled, rows
+
+
+def _copy_rows(out: np.ndarray, x: np.ndarray, rows: np.ndarray, chunk: int = 1024) -> None:
+    """out[j] = x[rows[j]], a chunk at a time: a memory map's pages are read once, for the rows kept."""
+    for i in range(0, len(rows), chunk):
+        out[i:i + chunk] = x[rows[i:i + chunk]]
 
 
 # ---------------------------------------------------------------------------------------------
 # A user's own arrays: .npz (x, y[, x_test, y_test]) or .csv (label|y column[, split column])
 
-@register("arrays")
+def _arrays_file(cfg: DatasetConfig) -> list[Path] | None:
+    path = Path(cfg.path).expanduser() if cfg.path else None
+    return [path] if path is not None and path.is_file() else None
+
+
+@register("arrays", sources=_arrays_file)
 def load_arrays(cfg: DatasetConfig) -> DataSplit:
     """Your own features: dataset.path to an .npz (x, y[, x_test, y_test]) or a .csv (label column)."""
     if not cfg.path:
-        raise DataError("dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels")
+        raise DataError(
+            "dataset.path: the `arrays` dataset needs the .npz or .csv file of features and labels"
+        )
     path = Path(cfg.path).expanduser()
     if not path.is_file():
-        raise DataError(f"dataset.path: {path} not found (expected a .npz with x, y or a .csv with a label column)")
+        raise DataError(
+            f"dataset.path: {path} not found (expected a .npz with x, y or a .csv with a label column)"
+        )
     if path.suffix == ".npz":
         x, y, x_test, y_test = _read_npz_arrays(path)
     elif path.suffix == ".csv":
@@ -343,10 +651,12 @@ def load_arrays(cfg: DatasetConfig) -> DataSplit:
     else:
         raise DataError(f"dataset.path: {path}: expected a .npz or .csv file")
 
-    if not np.issubdtype(x.dtype, np.number) and x.dtype != np.bool_:
-        raise DataError(f"{path}: features must be numeric, got dtype {x.dtype}")
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating) or x.dtype == np.bool_):
+        raise DataError(f"{path}: features must be numeric (real numbers), got dtype {x.dtype}")
     if x.ndim not in (2, 3, 4):
-        raise DataError(f"{path}: x should be (N, D) vectors or (N, H, W) / (N, C, H, W) images, got shape {x.shape}")
+        raise DataError(
+            f"{path}: x should be (N, D) vectors or (N, H, W) / (N, C, H, W) images, got shape {x.shape}"
+        )
     if x_test is not None and x_test.shape[1:] != x.shape[1:]:
         raise DataError(f"{path}: x_test has samples of shape {x_test.shape[1:]}, x has {x.shape[1:]}")
     for xs, ys, kx, ky in ((x, y, "x", "y"), (x_test, y_test, "x_test", "y_test")):
@@ -354,25 +664,48 @@ def load_arrays(cfg: DatasetConfig) -> DataSplit:
             continue
         if ys.ndim != 1 or len(ys) != len(xs):
             raise DataError(f"{path}: {ky} should be ({len(xs)},) to match {kx}, got shape {ys.shape}")
-        bad = ~np.isfinite(xs.reshape(len(xs), -1).astype(np.float64)).all(axis=1)
-        if bad.any():
-            raise DataError(f"{path}: {kx} has NaN or infinite values (first in sample {int(np.argmax(bad))})")
+        bad = _first_nonfinite(xs)
+        if bad is not None:
+            raise DataError(f"{path}: {kx} has NaN or infinite values (first in sample {bad})")
 
     codes, classes = _encode_labels(np.concatenate([y, y_test]) if y_test is not None else y, path)
     if x.ndim == 3:  # (N, H, W) grey images: add the channel axis
         x, x_test = x[:, None], (x_test[:, None] if x_test is not None else None)
-    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    xt = _as_tensor(x)
     yt = torch.from_numpy(codes)
     if x_test is not None:
         n = len(x)
-        x_tr, y_tr, x_te, y_te = xt, yt[:n], torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.float32)), yt[n:]
+        x_tr, y_tr, x_te, y_te = xt, yt[:n], _as_tensor(x_test), yt[n:]
     else:
-        tr, te = _stratified_indices(codes, test_size=cfg.test_fraction, seed=cfg.split_seed,
-                                     what=f"dataset.test_fraction ({path})")
+        tr, te = stratified_indices(codes, test_size=cfg.test_fraction, seed=cfg.split_seed,
+                                    what=f"dataset.test_fraction ({path})")
         x_tr, y_tr, x_te, y_te = xt[tr], yt[tr], xt[te], yt[te]
     modality = "vector" if x.ndim == 2 else "image"
     return DataSplit("arrays", modality, tuple(x.shape[1:]), len(classes), x_tr, y_tr, x_te, y_te,
                      None, None, classes)
+
+
+_TORCH_DTYPES = (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float32, np.float64)
+
+
+def _as_tensor(x: np.ndarray) -> torch.Tensor:
+    """The array as a tensor in its own dtype where torch has it (uint8 images stay pixel counts 0..255;
+    the rest becomes float32 after subsampling, in load_dataset); bool, float16, uint16.. as float32."""
+    if x.dtype.type not in _TORCH_DTYPES:
+        x = x.astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _first_nonfinite(x: np.ndarray) -> int | None:
+    """The first sample holding a NaN or an infinity, checked a chunk of rows at a time (integers: none)."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return None
+    flat = x.reshape(len(x), -1)
+    for i in range(0, len(x), _CHUNK):
+        bad = ~np.isfinite(flat[i:i + _CHUNK]).all(axis=1)
+        if bad.any():
+            return i + int(np.argmax(bad))
+    return None
 
 
 def _encode_labels(y: np.ndarray, path: Path) -> tuple[np.ndarray, tuple[str, ...]]:

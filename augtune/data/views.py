@@ -20,7 +20,10 @@ from torch import Tensor, nn
 
 from augtune.config import ViewConfig
 
-_GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
+# ITU-R 601 luma, as PIL's convert("L") (299/1000, 587/1000, 114/1000), which FixMatch's and CoCor's
+# ImageEnhance ops use. torchvision's rgb_to_grayscale uses 0.2989 for red (TensorFlow's constants; the
+# weights sum to 0.9999): its grey is this one minus 1e-4 R, at most 1e-4 darker on [0, 1] images.
+_GRAY = (0.299, 0.587, 0.114)
 # RGB -> YIQ (rows Y, I, Q); a hue shift is a rotation of the (I, Q) chroma plane that keeps luma Y.
 _YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
                     dtype=torch.float64)
@@ -203,22 +206,45 @@ class SimCLRView(nn.Module):
                    jitter_p=cfg.jitter_p, gray_p=cfg.gray_p, blur_p=cfg.blur_p)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.apply(x, self.sample(x.shape[0], x))
+
+    def sample(self, b: int, like: Tensor) -> dict[str, Tensor]:
+        """Every random parameter of `b` views, each (b, ...) per sample (cheap: no pixels), drawn in a
+        fixed order from the global RNG of like.device. A DDP rank draws them for the whole global
+        batch and applies its own rows: the same views as one process, for a 1/world share of the work."""
+        _, channels, height, width = like.shape  # like: a batch of the images (any rows of them)
+        dtype = torch.float32 if like.dtype in (torch.float16, torch.bfloat16, torch.uint8) else like.dtype
+        like = torch.empty(0, dtype=dtype, device=like.device)
+        p = {"box": sample_crop(b, self.crop_scale, self.ratio, height, width, like),  # (B, 4)
+             "flip": coin(self.flip_p, b, like)}
+        if self.jitter_p > 0:
+            p["factors"] = _uniform((3, b), max(0.0, 1 - self.jitter), 1 + self.jitter, like).T  # (B, 3)
+            p["shift"] = _uniform(b, -self.hue, self.hue, like)  # (B,) turns
+            p["jitter"] = coin(self.jitter_p, b, like)
+        if self.gray_p > 0 and channels == 3:
+            p["gray"] = coin(self.gray_p, b, like)
+        if self.blur_p > 0:
+            p["sigma"] = _uniform(b, self.sigma[0], self.sigma[1], like)
+            p["blur"] = coin(self.blur_p, b, like)
+        return p
+
+    def apply(self, x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        """The views of x (B, C, H, W) with the parameters `p` of `sample` (rows matching x's)."""
         dtype = x.dtype
         if dtype in (torch.float16, torch.bfloat16):
             x = x.float()  # grid coordinates need more than 8 bits of mantissa at 96 px
-        b, c, height, width = x.shape
-        box = sample_crop(b, self.crop_scale, self.ratio, height, width, x)  # (B, 4)
-        x = resized_crop(x, box, coin(self.flip_p, b, x))
-        if self.jitter_p > 0:
-            f = _uniform((3, b), max(0.0, 1 - self.jitter), 1 + self.jitter, x)  # (3, B) factors
-            shift = _uniform(b, -self.hue, self.hue, x)  # (B,) turns
-            y = adjust_hue(adjust_saturation(adjust_contrast(adjust_brightness(x, f[0]), f[1]), f[2]), shift)
-            x = _where(coin(self.jitter_p, b, x), y, x)
-        if self.gray_p > 0 and c == 3:
-            x = _where(coin(self.gray_p, b, x), to_grayscale(x), x)
-        if self.blur_p > 0:
-            sigma = _uniform(b, self.sigma[0], self.sigma[1], x)
-            x = _where(coin(self.blur_p, b, x), gaussian_blur(x, sigma), x)
+        x = resized_crop(x, p["box"], p["flip"])
+        if "jitter" in p:
+            f = p["factors"]
+            y = adjust_hue(
+                adjust_saturation(adjust_contrast(adjust_brightness(x, f[:, 0]), f[:, 1]), f[:, 2]),
+                p["shift"],
+            )
+            x = _where(p["jitter"], y, x)
+        if "gray" in p:
+            x = _where(p["gray"], to_grayscale(x), x)
+        if "blur" in p:
+            x = _where(p["blur"], gaussian_blur(x, p["sigma"]), x)
         return x.clamp(0, 1).to(dtype)
 
     def extra_repr(self) -> str:
@@ -238,6 +264,12 @@ class IdentityView(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return x
 
+    def sample(self, b: int, like: Tensor) -> dict[str, Tensor]:
+        return {}
+
+    def apply(self, x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        return x
+
 
 class NoiseView(nn.Module):
     """PiNDA's "Random Noise" baseline: x + noise_std * N(0, I), in the loader's standardised units."""
@@ -253,9 +285,22 @@ class NoiseView(nn.Module):
         return cls(noise_std=cfg.noise_std)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.apply(x, self.sample(x.shape[0], x))
+
+    def sample(self, b: int, like: Tensor) -> dict[str, Tensor]:
+        """The mask and the noise of `b` views (as SimCLRView.sample: drawn for a global batch)."""
+        shape = (b, *like.shape[1:])
+        p = {}
         if self.mask_p > 0:
-            x = mask_features(x, self.mask_p)
-        return add_noise(x, self.noise_std) if self.noise_std > 0 else x
+            p["drop"] = torch.rand(shape, dtype=like.dtype, device=like.device) < self.mask_p
+        if self.noise_std > 0:
+            p["noise"] = self.noise_std * torch.randn(shape, dtype=like.dtype, device=like.device)
+        return p
+
+    def apply(self, x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        if "drop" in p:
+            x = torch.where(p["drop"], torch.zeros_like(x), x)
+        return x + p["noise"] if "noise" in p else x
 
     def extra_repr(self) -> str:
         return f"noise_std={self.noise_std}, mask_p={self.mask_p}"
@@ -294,5 +339,7 @@ def build_view(cfg: ViewConfig, modality: str, shape: tuple[int, ...]) -> nn.Mod
         raise ValueError(f"view.name: unknown view {name!r} (known: auto, {', '.join(VIEWS)})")
     if modality not in VIEWS[name].modalities:
         fits = [n for n, v in VIEWS.items() if modality in v.modalities]
-        raise ValueError(f"view.name: {name!r} does not fit {modality} inputs (use one of: auto, {', '.join(fits)})")
+        raise ValueError(
+            f"view.name: {name!r} does not fit {modality} inputs (use one of: auto, {', '.join(fits)})"
+        )
     return VIEWS[name].from_config(cfg, shape)

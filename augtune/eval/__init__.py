@@ -1,6 +1,7 @@
 """Evaluation of frozen features: k-NN, softmax regression, linear probe, k-means clustering."""
 from augtune.eval.clustering import cluster_accuracy, kmeans_scores
 from augtune.eval.evaluate import METRICS, OUTPUTS, evaluate
+from augtune.eval.features import extract_features
 from augtune.eval.knn import knn_accuracy
 from augtune.eval.probes import (
     fit_logistic_regression,
@@ -14,6 +15,7 @@ __all__ = [
     "OUTPUTS",
     "cluster_accuracy",
     "evaluate",
+    "extract_features",
     "fit_logistic_regression",
     "kmeans_scores",
     "knn_accuracy",

@@ -17,26 +17,47 @@ Metric = Callable[..., dict[str, float]]
 
 
 def _knn(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
-    return {"knn_acc": knn_accuracy(train_x, train_y, test_x, test_y, k=cfg.knn_k, batch_size=cfg.batch_size)}
+    return {
+        "knn_acc": knn_accuracy(
+            train_x, train_y, test_x, test_y, k=cfg.knn_k, batch_size=cfg.batch_size or 1024
+        )
+    }
 
 
 def _sr(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
-    return {"sr_acc": softmax_regression_accuracy(train_x, train_y, test_x, test_y, num_classes, epochs=cfg.sr_epochs,
-                                                  lr=cfg.sr_lr, batch_size=cfg.sr_batch_size, seed=seed)}
+    return {
+        "sr_acc": softmax_regression_accuracy(
+            train_x,
+            train_y,
+            test_x,
+            test_y,
+            num_classes,
+            epochs=cfg.sr_epochs,
+            lr=cfg.sr_lr,
+            batch_size=cfg.sr_batch_size,
+            seed=seed,
+        )
+    }
 
 
-def _linear(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+def _linear(
+    train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int
+) -> dict[str, float]:
     return {"linear_acc": linear_probe_accuracy(train_x, train_y, test_x, test_y,
                                                 val_fraction=cfg.linear_val_fraction, seed=seed)}
 
 
-def _kmeans(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+def _kmeans(
+    train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int
+) -> dict[str, float]:
     # Clustering scores are computed on the TEST features: they measure the held-out data's
     # structure, and the test split is the smaller one (k-means cost grows with N).
     return kmeans_scores(test_x, test_y, k=num_classes, seed=seed)
 
 
-def _cluster(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int) -> dict[str, float]:
+def _cluster(
+    train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int
+) -> dict[str, float]:
     # UMAP + GridShift on the test features, k not given (NRCC 3.6.2); eval.cluster switches the algorithm
     return cluster_scores(test_x, test_y, cfg.cluster, k=num_classes, components=cfg.umap_components,
                           neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist, metric=cfg.umap_metric,

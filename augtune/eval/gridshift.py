@@ -14,7 +14,8 @@ import itertools
 
 import numpy as np
 
-_NEIGHBOURS_LIMIT = 6  # 3^6 = 729 lookups per iteration; GridShift is for a few dimensions (NRCC: UMAP to 2-3)
+# 3^6 = 729 lookups per iteration; GridShift is for a few dimensions (NRCC: UMAP to 2-3)
+_NEIGHBOURS_LIMIT = 6
 
 
 def auto_bandwidth(x: np.ndarray, quantile: float = 0.05, n_samples: int = 2000, seed: int = 0) -> float:
@@ -44,8 +45,8 @@ def gridshift(x, bandwidth: float | None = None, max_iter: int = 300,
               quantile: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """Cluster (N, d) points; returns (labels (N,) contiguous from 0, centres (K, d)).
 
-    `bandwidth`: the cell side h; None: :func:`auto_bandwidth` at `quantile`. Labels are numbered by the order of
-    their centres' bins, so they do not depend on the order of the points.
+    `bandwidth`: the cell side h; None: :func:`auto_bandwidth` at `quantile`. Labels are numbered by the
+    order of their centres' bins, so they do not depend on the order of the points.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or len(x) == 0:

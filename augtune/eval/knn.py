@@ -29,7 +29,9 @@ def knn_accuracy(train_x, train_y, test_x, test_y, k: int = 5, batch_size: int =
         sim = test_x[start:start + batch_size] @ train_x.T  # (B, N) cosine similarities
         top_sim, top_idx = sim.topk(k, dim=1)  # (B, k)
         top_c = train_c[top_idx]  # (B, k)
-        votes = torch.zeros(len(sim), num_classes, device=device).scatter_add_(1, top_c, torch.ones_like(top_sim))
+        votes = torch.zeros(len(sim), num_classes, device=device).scatter_add_(
+            1, top_c, torch.ones_like(top_sim)
+        )
         sims = torch.zeros(len(sim), num_classes, device=device).scatter_add_(1, top_c, top_sim)
         # lexicographic (votes, summed similarity): only classes with the most votes stay eligible
         sims = sims.masked_fill(votes < votes.max(dim=1, keepdim=True).values, float("-inf"))

@@ -90,7 +90,9 @@ def softmax_regression_accuracy(train_x, train_y, test_x, test_y, num_classes: i
     train_x, train_c, test_x, test_y, classes = _prepare(train_x, train_y, test_x, test_y)
     train_x, test_x = _standardize(train_x, test_x)
     gen = torch.Generator().manual_seed(seed)
-    wb = _fit_softmax_regression(train_x, train_c, max(num_classes, len(classes)), epochs, lr, batch_size, gen)
+    wb = _fit_softmax_regression(
+        train_x, train_c, max(num_classes, len(classes)), epochs, lr, batch_size, gen
+    )
     logits = test_x @ wb[:, :-1].T + wb[:, -1]  # (M, K)
     pred = classes[logits[:, : len(classes)].argmax(1)]
     return int((pred == test_y).sum()) / len(test_y)

@@ -6,7 +6,7 @@ from augtune.methods.base import (Augmentation, Batch, Encoder, MomentumObjectiv
                                   OptimizerSpec, StepInfo)
 from augtune.methods.byol import BYOL
 from augtune.methods.cocor import CoCor
-from augtune.methods.compose import Method, build_method
+from augtune.methods.compose import Method
 from augtune.methods.diffaug import DiffAug
 from augtune.methods.moco import MoCo
 from augtune.methods.nrcc import NRCC
@@ -35,3 +35,14 @@ AUGMENTATIONS: dict[str, type[Augmentation]] = {
 __all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "DiffAug", "Encoder", "Method", "MoCo",
            "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
            "build_method"]
+
+
+def build_method(cfg, data) -> Method:
+    """Backbone, objective and augmentation methods for `cfg` on `data` (a DataSplit)."""
+    from augtune.models import build_backbone
+
+    backbone = build_backbone(cfg.model, data.modality, data.shape)
+    encoder = Encoder(backbone, data.mean, data.std)
+    objective = BASES[cfg.method.base](encoder, cfg)
+    augments = [AUGMENTATIONS[name](cfg, data) for name in cfg.method.augment]
+    return Method(objective, augments)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from augtune.methods.base import Encoder, MomentumObjective, StepInfo, cosine_momentum
+from augtune.methods.base import Encoder, MomentumObjective, Outputs, StepInfo, cosine_momentum
 from augtune.methods.losses import cosine_regression
 from augtune.models import predictor
 
@@ -19,9 +19,9 @@ class BYOL(MomentumObjective):
     def momentum(self, info: StepInfo) -> float:
         return cosine_momentum(self.base_momentum, info.progress)  # from tau_base up to 1
 
-    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, dict]:
-        z1, z2 = self.project(v1, info), self.project(v2, info)
+    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, Outputs]:
+        z1, z2 = self.embed(v1, info), self.embed(v2, info)
         p1, p2 = self.predictor(z1), self.predictor(z2)
-        t1, t2 = self.target_project(v1), self.target_project(v2)  # no gradient reaches the target
+        t1, t2 = self.target_embed(v1), self.target_embed(v2)  # no gradient reaches the target
         loss = cosine_regression(p1, t2) + cosine_regression(p2, t1)  # symmetrised, as BYOL eq. 2
-        return loss, {"z1": z1, "z2": z2, "p1": p1, "p2": p2, "t1": t1, "t2": t2}
+        return loss, Outputs(projections=(z1, z2), targets=(t1, t2), predictions=(p1, p2))

@@ -4,11 +4,12 @@ monotone network (MMNN) that learns the target similarity of each composite, tra
 Per step (Algorithm 1): the encoder trains on L_contrast + L_consistent with the MMNN fixed (eq. 3,
 ``loss_terms``); then the MMNN and a linear classifier train on cross-entropy over a small labelled
 subset through the one-step look-ahead theta_e'(theta_d) = theta_e - eta grad L_consistent (eqs. 4-5,
-8-11; ``after_step``), either exactly (``cocor.meta: exact``, autograd through the step with
-``torch.func.functional_call``) or by finite differences (``finite_difference``: the mixed second
-derivative of App. B replaced by a difference of L_consistent at theta_e +- eps u, u = dCE/dtheta_e,
-so only the MMNN is back-propagated). The look-ahead starts from the encoder the loop has just
-updated: the labelled step of Alg. 1 sees theta_e^(i), and eq. 11's second derivative is taken there.
+8-11; ``after_step``), either exactly (``cocor.meta: exact``, autograd through the step, the encoder
+called at theta_e' through the objective's ``encode_with``) or by finite differences
+(``finite_difference``: the mixed second derivative of App. B replaced by a difference of L_consistent
+at theta_e +- eps u, u = dCE/dtheta_e at theta_e' as in DARTS, so only the MMNN is back-propagated through
+the difference). The look-ahead starts from the encoder the loop has just updated: the labelled step of
+Alg. 1 sees theta_e^(i), and eq. 11's second derivative is taken there.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from augtune.config import ConfigError
-from augtune.methods.base import Augmentation, Batch, OptimizerSpec, StepInfo
+from augtune.data.batches import as_float
+from augtune.methods.base import Augmentation, Batch, OptimizerSpec, Outputs, StepInfo, Update
 from augtune.methods.cocor_ops import composite_views, pool_ops
 
 # App. F, Table 9: the best constant target per length 1, 2, 3. SimCLR's InfoNCE behaves as MoCo's,
@@ -28,7 +30,11 @@ from augtune.methods.cocor_ops import composite_views, pool_ops
 TABLE9 = {"moco": (0.80, 0.75, 0.65), "simsiam": (0.75, 0.70, 0.60)}
 _LIKE = {"simclr": "moco", "byol": "simsiam"}
 MMNN_LR = 1e-3  # Adam; the meta-gradient is O(eta_e), Adam's normalisation makes its scale irrelevant
-FD_EPS = 0.01  # finite-difference step, as a norm in encoder-parameter space (DARTS' 0.01 / |u|)
+# Finite-difference step, as a norm in encoder-parameter space. DARTS uses 0.01 / |u|; a step that large
+# crosses ReLU/max-pool kinks (digits, 60 draws, float64: cosine with the exact hypergradient down to -0.55
+# on a CNN, 0.69 on an MLP; 1e-3: 0.95, 0.86); 1e-4 gives >= 0.997 on both (float32: >= 0.97) and still
+# leaves float32 four significant digits in the difference.
+FD_EPS = 1e-4
 
 
 def constant_target(base: str, length: int) -> float:
@@ -48,8 +54,12 @@ class MMNN(nn.Module):
         super().__init__()
         dims = [n_ops, hidden, hidden, 1]
         # raw weights around softplus^-1(1 / sqrt(fan_in)): s(v) of order 1, gradients that do not vanish
-        self.weights = nn.ParameterList([nn.Parameter(0.3 * torch.randn(o, i) + math.log(math.expm1(1 / math.sqrt(i))))
-                                         for i, o in zip(dims, dims[1:])])
+        self.weights = nn.ParameterList(
+            [
+                nn.Parameter(0.3 * torch.randn(o, i) + math.log(math.expm1(1 / math.sqrt(i))))
+                for i, o in zip(dims, dims[1:])
+            ]
+        )
         self.biases = nn.ParameterList([nn.Parameter(torch.zeros(o)) for o in dims[1:]])
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
@@ -70,7 +80,8 @@ class MMNN(nn.Module):
         def draw() -> torch.Tensor:  # (N, n_ops) composition vectors of the lengths ls
             ops = torch.randint(0, n_ops, (len(ls), int(ls.max())), generator=gen)
             active = torch.arange(int(ls.max())).view(1, -1) < ls.view(-1, 1)
-            return torch.zeros(len(ls), n_ops).scatter_add_(1, ops, active.float())
+            counts = torch.zeros(len(ls), n_ops)
+            return counts.scatter_add_(1, ops, active.to(counts.dtype))
 
         with torch.no_grad():  # start at the mean target, so that the fit shapes g instead of shrinking it
             s = -torch.logit(self(draw()), eps=1e-6)
@@ -114,6 +125,11 @@ def labelled_subset(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor
     return torch.sort(torch.cat(out)).values
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 (autocast) up to float32; float64 kept: a finite difference needs the digits."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 @contextlib.contextmanager
 def kept_buffers(*modules: nn.Module):
     """Restore the modules' buffers (BatchNorm statistics) after the meta step's extra forwards."""
@@ -148,8 +164,11 @@ class CoCor(Augmentation):
         self.mmnn = self.classifier = None
         if c.mmnn:
             self.mmnn = MMNN(len(self.ops))
-            self.mmnn.warm_start(len(self.ops), {l: constant_target(base, l) for l in range(1, max(self.lengths) + 1)},
-                                 seed=cfg.train.seed)
+            self.mmnn.warm_start(
+                len(self.ops),
+                {l: constant_target(base, l) for l in range(1, max(self.lengths) + 1)},
+                seed=cfg.train.seed,
+            )
             from augtune.models import build_backbone
 
             with torch.device("meta"):  # only its feature size: no weights, no RNG
@@ -157,25 +176,33 @@ class CoCor(Augmentation):
             self.classifier = nn.Linear(out_dim, data.num_classes)
             idx = labelled_subset(data.y_train, c.label_fraction, cfg.train.seed)
             self.x_lab, self.y_lab = data.x_train[idx], data.y_train[idx]  # CPU; a batch moves per step
-        self._meta: tuple | None = None
-        self._sums: dict[str, torch.Tensor] = {}
-        self._steps = self._meta_steps = 0  # encoder steps and MMNN updates this epoch
+        self._meta: tuple | None = None  # this step's composites for the MMNN update in after_step
 
     # -- the encoder step (eq. 3) -------------------------------------------------------------------
 
     @staticmethod
-    def embed(objective, x: torch.Tensor, info: StepInfo | None = None) -> torch.Tensor:
-        """f(A(x)): projector (then predictor where the base has one: SimSiam/BYOL, App. D), normalised."""
-        z = objective.project(x, info)  # (N, D)
-        pred = getattr(objective, "predictor", None)
-        return F.normalize(pred(z) if pred is not None else z, dim=1)
+    def embed(objective, x: torch.Tensor, info: StepInfo | None = None,
+              params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """f(A(x)): projector (then predictor where the base has one: SimSiam/BYOL, App. D), normalised;
+        at the backbone weights `params` instead of its own where given (the look-ahead's points)."""
+        h = objective.encode(x) if params is None else objective.encode_with(params, x)
+        return F.normalize(objective.predict(objective.head(h, info)), dim=1)  # (N, D)
+
+    @staticmethod
+    @torch.no_grad()
+    def anchor(objective, x: torch.Tensor, info: StepInfo | None = None) -> torch.Tensor:
+        """f(x) of the clean samples, normalised, under stop-gradient (App. D): (B, D)."""
+        return F.normalize(objective.embed(x, info), dim=1)
 
     def latent_similarity(self, objective, x: torch.Tensor, views: torch.Tensor,
-                          info: StepInfo | None = None) -> torch.Tensor:
-        """l_d = f(x)^T f(A(x)) (Definition 3), (L, B); x is encoded with stop-gradient (App. D)."""
-        with torch.no_grad():
-            z0 = F.normalize(objective.project(x, info), dim=1)  # (B, D)
-        z = self.embed(objective, views, info).view(len(self.lengths), x.shape[0], -1)  # (L, B, D), one pass
+                          info: StepInfo | None = None, z0: torch.Tensor | None = None,
+                          params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """l_d = f(x)^T f(A(x)) (Definition 3), (L, B); x is encoded with stop-gradient (App. D), or
+        `z0` is that anchor already (the finite difference holds it fixed at theta while the views are
+        encoded at the backbone weights `params`)."""
+        if z0 is None:
+            z0 = self.anchor(objective, x, info)  # (B, D)
+        z = self.embed(objective, views, info, params).view(len(self.lengths), x.shape[0], -1)  # (L, B, D)
         return (z * z0.to(z.dtype)).sum(-1)  # (L, B)
 
     def targets(self, counts: torch.Tensor, b: int) -> torch.Tensor:
@@ -184,29 +211,26 @@ class CoCor(Augmentation):
             return self.constants.view(-1, 1).expand(-1, b)
         return self.mmnn(counts.to(self.constants.dtype)).view(len(self.lengths), b)
 
-    def loss_terms(self, batch: Batch, out: dict, method, info: StepInfo) -> dict[str, torch.Tensor]:
+    def loss_terms(self, batch: Batch, out: Outputs, method, info: StepInfo) -> dict[str, torch.Tensor]:
         x = batch.x  # the batch is shuffled: its first samples are a random subset
         x = x[:max(1, round(self.cfg.cocor.view_fraction * x.shape[0]))]  # (b, ...)
         b, obj = x.shape[0], method.objective
         with torch.no_grad():
-            views, counts = composite_views(x, self.lengths, self.ops, self.modality)  # (L*B, ...), (L*B, n_ops)
+            # (L*B, ...), (L*B, n_ops)
+            views, counts = composite_views(x, self.lengths, self.ops, self.modality)
             target = self.targets(counts, b).float()  # the MMNN is fixed in the encoder step
         sim = self.latent_similarity(obj, x, views, info).float()  # (L, B)
         loss = consistency_loss(sim, target, self.cfg.cocor.consistency)
-        with torch.no_grad():
+        with torch.no_grad():  # Figure 4a: mean latent similarity and target per length
             for i, l in enumerate(self.lengths):
-                self._add(f"sim_l{l}", sim[i].mean())
-                self._add(f"target_l{l}", target[i].mean())
-            self._steps += 1
+                self.meter.add(f"sim_l{l}", sim[i].mean())
+                self.meter.add(f"target_l{l}", target[i].mean())
         if self.mmnn is not None and self.training:
             m = min(b, self.cfg.cocor.meta_batch)
             shape = (len(self.lengths), b) + tuple(x.shape[1:])
             self._meta = (x[:m].detach(), views.view(shape)[:, :m].reshape(-1, *x.shape[1:]),
                           counts.view(len(self.lengths), b, -1)[:, :m].reshape(-1, counts.shape[1]))
         return {"consistent": loss}
-
-    def _add(self, key: str, value: torch.Tensor) -> None:
-        self._sums[key] = self._sums.get(key, 0) + value.detach().float()
 
     # -- the MMNN + classifier step (eqs. 4-5, App. B) ----------------------------------------------
 
@@ -218,78 +242,78 @@ class CoCor(Augmentation):
 
     def labelled_batch(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         pick = torch.randperm(len(self.y_lab))[:n]
-        return self.x_lab[pick].to(device, non_blocking=True), self.y_lab[pick].to(device, non_blocking=True)
+        x = as_float(self.x_lab[pick].to(device, non_blocking=True))  # uint8 images: float on the device
+        return x, self.y_lab[pick].to(device, non_blocking=True)
 
     def meta_gradients(self, objective, meta: tuple, x_l: torch.Tensor, y_l: torch.Tensor, eta: float,
                        mode: str) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-        """d CE(theta_e'(theta_d)) / d theta_d and the classifier's gradient, and the CE.
+        """d CE(theta_e'(theta_d)) / d theta_d and the classifier's gradient, and the CE, all at theta_e'.
 
         theta_e' = theta_e - eta grad_e L_consistent(theta_e, theta_d) (eq. 9; L_contrast does not
-        depend on theta_d, eq. 11); theta_e = the backbone's parameters (CE reads the backbone).
+        depend on theta_d, eq. 11); theta_e = the backbone's parameters (CE reads the backbone), reached
+        only through the objective's `encoder_parameters` / `encode_with`: nothing is modified in place.
         """
         x0, views, counts = meta
-        m = x0.shape[0]
-        names, params = zip(*[(n, p) for n, p in objective.encoder.named_parameters() if p.requires_grad])
+        m, kind, exact = x0.shape[0], self.cfg.cocor.consistency, mode == "exact"
+        theta = objective.encoder_parameters()
+        names, params = list(theta), list(theta.values())
         d_params, c_params = list(self.mmnn.parameters()), list(self.classifier.parameters())
-        kind = self.cfg.cocor.consistency
-        if mode == "exact":
-            loss = consistency_loss(self.latent_similarity(objective, x0, views).float(), self.targets(counts, m).float(), kind)
-            g = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+        z0 = self.anchor(objective, x0)  # f(x) under stop-gradient (App. D): held at theta by both modes
+        t = _at_least_fp32(self.targets(counts, m))  # (L, m), a function of theta_d
+        sim = _at_least_fp32(self.latent_similarity(objective, x0, views, z0=z0))  # (L, m)
+        g = torch.autograd.grad(consistency_loss(sim, t if exact else t.detach(), kind), params,
+                                create_graph=exact, allow_unused=True)  # grad_e L_consistent at theta_e
+        with torch.set_grad_enabled(exact):  # exact: the graph runs through the step to theta_d
             ahead = {n: p if gi is None else p - eta * gi for n, p, gi in zip(names, params, g)}
-            h = torch.func.functional_call(objective.encoder, ahead, (x_l,))  # features at theta_e'(theta_d)
-            ce = F.cross_entropy(self.classifier(h).float(), y_l)
+        if not exact:  # u = dCE/dtheta_e at theta' (as DARTS): a leaf, so only CE's own gradient is taken
+            ahead = {n: a.detach().requires_grad_(True) for n, a in ahead.items()}
+        ce = F.cross_entropy(self.classifier(objective.encode_with(ahead, x_l)).float(), y_l)
+        if exact:
             grads = torch.autograd.grad(ce, d_params + c_params, allow_unused=True)
             return list(grads[:len(d_params)]), list(grads[len(d_params):]), ce.detach()
-        # finite_difference: -eta d/dtheta_d <grad_e L, u> ~ -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps)
-        ce = F.cross_entropy(self.classifier(objective.encoder(x_l)).float(), y_l)
-        grads = torch.autograd.grad(ce, list(params) + c_params, allow_unused=True)
+        grads = torch.autograd.grad(ce, list(ahead.values()) + c_params, allow_unused=True)
         u = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, grads[:len(params)])]
-        eps = FD_EPS / (torch.sqrt(sum((gi.float() ** 2).sum() for gi in u)) + 1e-12)
-        sims = []
-        with torch.no_grad():
-            for step in (eps, -2 * eps):
-                torch._foreach_add_(list(params), [gi * step for gi in u])  # theta +- eps u
-                sims.append(self.latent_similarity(objective, x0, views).float())
-            torch._foreach_add_(list(params), [gi * eps for gi in u])  # back to theta
-        t = self.targets(counts, m).float()
-        surrogate = -eta / (2 * eps) * (consistency_loss(sims[0], t, kind) - consistency_loss(sims[1], t, kind))
-        g_d = torch.autograd.grad(surrogate, d_params, allow_unused=True)
-        return list(g_d), list(grads[len(params):]), ce.detach()
+        return self._finite_difference(objective, meta, z0, t, u, eta), list(grads[len(params):]), ce.detach()
 
-    def after_step(self, batch: Batch, method, info: StepInfo, optimizers: dict) -> None:
+    def _finite_difference(self, objective, meta: tuple, z0: torch.Tensor, t: torch.Tensor,
+                           u: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
+        """-eta d/dtheta_d <grad_e L_consistent(theta_e), u> ~ -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps),
+        theta+- = theta_e +- eps u: two passes without gradient, a backward through the MMNN only.
+
+        u is dCE/dtheta_e at theta', as in the exact hypergradient -eta (d^2 L / d theta_d d theta_e)^T
+        dCE(theta'); u at theta_e instead was off where one step flips ReLU/max-pool choices (CNN on digits,
+        60 draws: cosine with the exact hypergradient down to 0.07). The anchor f(x) is under stop-gradient in
+        L_consistent, so it stays z0 (at theta_e) at theta+-: recomputing it there differentiates another
+        function (wrong sign in about a third of the draws).
+        """
+        x0, views, _ = meta
+        theta = objective.encoder_parameters()
+        eps = FD_EPS / (torch.sqrt(sum((ui.float() ** 2).sum() for ui in u)) + 1e-12)
+        kind, sims = self.cfg.cocor.consistency, []
+        # no autocast here: a bf16 forward would drown a difference this small in rounding
+        with torch.no_grad(), torch.autocast(x0.device.type, enabled=False):
+            for sign in (1, -1):
+                shifted = {n: p + sign * eps.to(p.dtype) * ui for (n, p), ui in zip(theta.items(), u)}
+                sim = self.latent_similarity(objective, x0, views, z0=z0, params=shifted)  # (L, m)
+                sims.append(_at_least_fp32(sim))
+        plus, minus = consistency_loss(sims[0], t, kind), consistency_loss(sims[1], t, kind)
+        surrogate = -eta / (2 * eps) * (plus - minus)
+        return list(torch.autograd.grad(surrogate, list(self.mmnn.parameters()), allow_unused=True))
+
+    def after_step(self, batch: Batch, method, info: StepInfo, update: Update) -> None:
         if self.mmnn is None or self._meta is None or not self.training:
             return
         meta, self._meta = self._meta, None
         c = self.cfg.cocor
         if info.step % c.meta_every:
             return
-        obj, opt = method.objective, optimizers["cocor"]
-        eta = optimizers["encoder"].param_groups[0]["lr"]
+        obj = method.objective
         x_l, y_l = self.labelled_batch(batch.x.shape[0], batch.x.device)
-        bf16 = batch.x.device.type == "cuda" and self.cfg.train.precision in ("auto", "bf16")
-        with kept_buffers(obj.encoder, obj.projector, getattr(obj, "predictor", None)), \
-                torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            g_d, g_c, ce = self.meta_gradients(obj, meta, x_l, y_l, eta, c.meta)
-        for p, g in zip(list(self.mmnn.parameters()) + list(self.classifier.parameters()), g_d + g_c):
-            p.grad = None if g is None else g.to(p.dtype)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from augtune.trainables.loop import allreduce_gradients
-
-            allreduce_gradients([p for g in opt.param_groups for p in g["params"]],
-                                torch.distributed.get_world_size())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        self._add("ce", ce)
-        self._meta_steps += 1
-
-    # -- diagnostics ----------------------------------------------------------------------------------
+        with kept_buffers(*obj.online_networks()), \
+                torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=info.autocast):
+            g_d, g_c, ce = self.meta_gradients(obj, meta, x_l, y_l, info.lr, c.meta)  # eta: the encoder's lr
+        update("cocor", grads=g_d + g_c)
+        self.meter.add("ce", ce)  # the labelled cross-entropy, mean over this epoch's MMNN updates
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
-        self._sums, self._steps, self._meta_steps, self._meta = {}, 0, 0, None
-
-    def epoch_metrics(self) -> dict[str, float]:
-        """Mean latent similarity and target per length (Figure 4a), the labelled CE (MMNN runs)."""
-        if not self._steps:
-            return {}
-        return {f"cocor_{k}": v.item() / (max(1, self._meta_steps) if k == "ce" else self._steps)
-                for k, v in self._sums.items()}
+        self._meta = None

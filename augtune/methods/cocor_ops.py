@@ -7,22 +7,32 @@ the documented ranges; a random sign makes the symmetric ops go both ways.
 | op | magnitude m (units) | effect | range drawn |
 | --- | --- | --- | --- |
 | AutoContrast | - | per-channel min-max stretch to [0, 1] | - |
-| Brightness, Color, Contrast, Sharpness | enhance factor f (PIL ImageEnhance) | ``deg + f (x - deg)`` with deg = black, grey image, mean grey, smoothed image; f > 1 strengthens | 1 +- U(0.1, 0.9) |
-| Rotate | degrees, counter-clockwise | bilinear, black fill | +-U(3, 30) |
-| ShearX, ShearY | shear factor | x_in = x + m y (resp. y_in = y + m x) | +-U(0.03, 0.3) |
+| Brightness, Color, Contrast, Sharpness | enhance factor f (PIL) | deg + f (x - deg) (*) | 1 +- U(0.1, 0.9) |
+| Rotate | degrees, counter-clockwise | about the centre; bilinear, black fill | +-U(3, 30) |
+| ShearX, ShearY | shear factor | x_in = x + m y (resp. y_in = y + m x), px from top-left | +-U(0.03, 0.3) |
 | TranslateX, TranslateY | fraction of the width/height, right/down | content moves by m | +-U(0.03, 0.3) |
 | Posterize | bits kept of 8 | fewer bits, coarser levels | {4, 5, 6} |
 | Solarize | threshold in [0, 1] | pixels >= m are inverted; lower m inverts more | U(0.25, 0.75) |
 | Equalize | - | per-channel histogram equalisation (textbook cdf formula, see _equalize) | - |
 | Identity | - | none | - |
 
+(*) deg = black, the grey image, its mean grey, the smoothed image, in that order (PIL's ImageEnhance);
+f > 1 strengthens.
+
+Affine ops work in pixels, so angles and distances hold on non-square images, and the shear pivots at
+the top-left corner: FixMatch's PIL `img.transform(size, AFFINE, (1, m, 0, 0, 1, 0))` and torchvision's
+RandAugment (`affine(shear=[degrees(atan(m)), 0], center=[0, 0])`); CoCor's code uses FixMatch's. The
+corner pivot adds a shift of m H / 2 px to a shear about the centre, which changes 97% of the pixels of
+random 32 px images at m = 0.3 (74% of digits'). tests/test_cocor_ops_reference.py checks the five
+affine ops against torchvision's v2 affine/rotate, and the shears against PIL.
 Affine ops fill with black (0), not FixMatch's grey: small data sets here have black backgrounds.
 Color is the identity on one-channel images (grey is already grey).
 
 Vector data (no paper does this; augtune's choice): Identity, GaussianNoise (x + m sd eps, m the
-noise level in units of the batch's per-feature sd), Mask (each feature with probability m, and at least one,
-replaced by the batch mean), Scale (each feature times 1 + U(-m, m)), Swap (each feature with probability m, at least
-one, taken from a random sample of the batch, SCARF-style); m ~ U(0.05, 0.3).
+noise level in units of the batch's per-feature sd), Mask (each feature with probability m, and at
+least one, replaced by the batch mean), Scale (each feature times 1 + U(-m, m)), Swap (each feature
+with probability m, at least one, taken from a random sample of the batch, SCARF-style);
+m ~ U(0.05, 0.3).
 """
 from __future__ import annotations
 
@@ -99,23 +109,37 @@ def _equalize(x: torch.Tensor) -> torch.Tensor:
     return flat.view(b, c, h, w).to(x.dtype)
 
 
-def _affine_theta(op: str, m: torch.Tensor) -> torch.Tensor:
-    """(n, 2, 3) inverse maps (output -> input) in affine_grid's [-1, 1] coordinates, y pointing down."""
+def _affine_theta(op: str, m: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(n, 2, 3) inverse maps (output -> input) of `op` with magnitudes m (n,), for `warp`.
+
+    Built in pixels (x right, y down, origin at the image centre, one unit = one pixel, as torchvision's
+    affine), then conjugated into affine_grid's [-1, 1] coordinates by S = diag(W/2, H/2):
+    theta = [S^-1 A S | S^-1 b] for the pixel map p_in = A p_out + b. Working in pixels keeps angles and
+    distances on non-square images (in [-1, 1]^2 a 90 degree turn of a 12x20 image sends a point 5 px
+    right of the centre to 3 px above it, not 5).
+    """
     n = m.shape[0]
-    theta = torch.zeros(n, 2, 3, dtype=m.dtype, device=m.device)
-    theta[:, 0, 0] = theta[:, 1, 1] = 1
-    if op == "Rotate":  # counter-clockwise on screen: x_in = x cos - y sin, y_in = x sin + y cos
-        a = m * (math.pi / 180)
-        theta[:, 0, 0], theta[:, 0, 1] = a.cos(), -a.sin()
-        theta[:, 1, 0], theta[:, 1, 1] = a.sin(), a.cos()
-    elif op == "ShearX":
-        theta[:, 0, 1] = m
-    elif op == "ShearY":
-        theta[:, 1, 0] = m
-    elif op == "TranslateX":  # content moves right by m widths: x_in = x - 2m
-        theta[:, 0, 2] = -2 * m
+    a = torch.zeros(n, 2, 2, dtype=m.dtype, device=m.device)  # (n, 2, 2) pixel-space linear part
+    a[:, 0, 0] = a[:, 1, 1] = 1
+    b = torch.zeros(n, 2, dtype=m.dtype, device=m.device)  # (n, 2) pixel-space offset
+    if op == "Rotate":  # counter-clockwise, about the centre: x_in = x cos - y sin, y_in = x sin + y cos
+        r = m * (math.pi / 180)
+        a[:, 0, 0], a[:, 0, 1] = r.cos(), -r.sin()
+        a[:, 1, 0], a[:, 1, 1] = r.sin(), r.cos()
+    elif op == "ShearX":  # about the top-left corner (PIL's (1, m, 0, 0, 1, 0)): X_in = X + m Y, X = x + W/2
+        a[:, 0, 1] = m
+        b[:, 0] = m * (height / 2)
+    elif op == "ShearY":  # Y_in = Y + m X
+        a[:, 1, 0] = m
+        b[:, 1] = m * (width / 2)
+    elif op == "TranslateX":  # content moves right by m widths: x_in = x - m W
+        b[:, 0] = -m * width
     elif op == "TranslateY":
-        theta[:, 1, 2] = -2 * m
+        b[:, 1] = -m * height
+    s = torch.tensor([width / 2, height / 2], dtype=m.dtype, device=m.device)  # (2,) pixels per unit
+    theta = torch.empty(n, 2, 3, dtype=m.dtype, device=m.device)
+    theta[:, :, :2] = a * s.view(1, 1, 2) / s.view(1, 2, 1)  # S^-1 A S
+    theta[:, :, 2] = b / s  # S^-1 b
     return theta
 
 
@@ -139,7 +163,8 @@ def apply_image_op(op: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         deg = _smooth(x)
         return (deg + f * (x - deg)).clamp(0, 1)
     if op in _AFFINE:
-        return warp(x, _affine_theta(op, m.to(x.dtype)), padding_mode="zeros")  # black fill
+        theta = _affine_theta(op, m.to(x.dtype), x.shape[-2], x.shape[-1])
+        return warp(x, theta, padding_mode="zeros")  # black fill
     if op == "Posterize":
         shift = (8 - m).to(torch.int32).view(-1, 1, 1, 1)
         q = (x * 255).round().to(torch.int32)
@@ -207,7 +232,7 @@ def composite_views(x: torch.Tensor, lengths: tuple[int, ...], ops: tuple[str, .
             mag = sample_magnitude(op, idx.numel())
             if modality == "image" and op in _AFFINE:
                 affine_idx.append(idx)
-                affine_theta.append(_affine_theta(op, mag))
+                affine_theta.append(_affine_theta(op, mag, x.shape[-2], x.shape[-1]))
                 continue
             idx_d, mag_d = idx.to(x.device, non_blocking=True), mag.to(x.device, non_blocking=True)
             if modality == "vector":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from augtune.methods.base import Augmentation, Batch, Encoder, Objective, OptimizerSpec, StepInfo
+from augtune.methods.base import Augmentation, Batch, Objective, OptimizerSpec, StepInfo, Update
 
 
 class Method(nn.Module):
@@ -26,8 +26,8 @@ class Method(nn.Module):
                 h = out
         return h
 
-    def forward(self, batch: Batch, info: StepInfo) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Total loss and its named terms (detached) for one step."""
+    def forward(self, batch: Batch, info: StepInfo) -> tuple[torch.Tensor, dict[str, torch.Tensor], Batch]:
+        """Total loss, its named terms (detached) and the batch as the augmentations transformed it."""
         for aug in self.augments:
             batch = aug.transform(batch, self, info)
         for aug in self.augments:
@@ -40,7 +40,7 @@ class Method(nn.Module):
             for aug in self.augments:
                 terms.update(aug.loss_terms(batch, out, self, info))
         total = sum(terms.values())
-        return total, {k: v.detach() for k, v in terms.items()}
+        return total, {k: v.detach() for k, v in terms.items()}, batch
 
     @torch.no_grad()
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,17 +60,18 @@ class Method(nn.Module):
     def default_phases(self) -> str:
         return next((s for s in (a.default_phases() for a in self.augments) if s), "")
 
-    def after_step(self, batch: Batch, info: StepInfo, optimizers: dict) -> None:
+    def after_step(self, batch: Batch, info: StepInfo, update: Update) -> None:
         if self.encoder_active(info.phase):
             self.objective.after_step(info)
         for aug in self.augments:
-            aug.after_step(batch, self, info, optimizers)
+            aug.after_step(batch, self, info, update)
 
     def encoder_active(self, phase: str) -> bool:
         return self.encoder_phases is None or phase in self.encoder_phases
 
     def on_epoch_start(self, info: StepInfo) -> None:
         for aug in self.augments:
+            aug.meter.reset()
             aug.on_epoch_start(self, info)
 
     def epoch_metrics(self) -> dict[str, float]:
@@ -83,15 +84,3 @@ class Method(nn.Module):
     def figures(self) -> tuple[str, ...]:
         """The figures the augmentations ask for at the end of a run, in order, once each."""
         return tuple(dict.fromkeys(k for aug in self.augments for k in aug.figures))
-
-
-def build_method(cfg, data) -> Method:
-    """Backbone, objective and augmentation methods for `cfg` on `data` (a DataSplit)."""
-    from augtune.methods import AUGMENTATIONS, BASES
-    from augtune.models import build_backbone
-
-    backbone = build_backbone(cfg.model, data.modality, data.shape)
-    encoder = Encoder(backbone, data.mean, data.std)
-    objective = BASES[cfg.method.base](encoder, cfg)
-    augments = [AUGMENTATIONS[name](cfg, data) for name in cfg.method.augment]
-    return Method(objective, augments)

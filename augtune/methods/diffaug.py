@@ -25,12 +25,20 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 
-from augtune.methods.base import Augmentation, Batch, OptimizerSpec, StepInfo
-from augtune.methods.diffaug_ops import DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, soft_contrastive_loss
+from augtune.data.batches import as_float, is_streamed
+from augtune.methods.base import Augmentation, Batch, OptimizerSpec, StepInfo, Update
+from augtune.methods.diffaug_ops import (
+    DDPM,
+    ResidualMLPDenoiser,
+    UNetDenoiser,
+    ema_update,
+    soft_contrastive_loss,
+)
 
 _CHUNK = 1024  # samples generated per call while refreshing the buffer (memory, not results)
+GEN_UPDATES = 800  # generator updates a run's B-phases should give (diffaug.gen_steps: None)
+MAX_GEN_STEPS = 32  # ... at most this many per batch: beyond, a B-epoch costs more than the data can teach
 
 
 class DiffAug(Augmentation):
@@ -46,7 +54,9 @@ class DiffAug(Augmentation):
         self.encoder_phases = None if self.sync else ("A",)
         self.image = data.modality == "image"
         self.shape = tuple(data.shape)
-        self.x_train = data.x_train  # (N, *shape) on the CPU: the samples whose positives are generated
+        self.x_train = data.pretrain()[0]  # (N, *shape) on the CPU: the samples whose positives are generated
+        if is_streamed(self.x_train):  # its positives buffer is (N, *shape) floats: in memory by design
+            raise ValueError("diffaug: needs the training images in memory (dataset.cache: memory)")
         kind = d.denoiser if d.denoiser != "auto" else ("unet" if self.image else "mlp")
         if kind == "unet" and not self.image:
             raise ValueError("diffaug.denoiser: unet needs images; this dataset gives vectors (use mlp)")
@@ -63,16 +73,47 @@ class DiffAug(Augmentation):
             p.requires_grad_(False)
         self.ddpm = DDPM(d.steps)
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # generator steps so far
-        # the data's range in the generator's space (diffaug.clip): [-1, 1] for images, per feature for vectors
-        lo = torch.full(self.shape, -1.0) if self.image else data.x_train.min(0).values
-        hi = torch.full(self.shape, 1.0) if self.image else data.x_train.max(0).values
+        # the data's range in the generator's space (diffaug.clip): [-1, 1] for images, per feature for
+        # vectors
+        lo = torch.full(self.shape, -1.0) if self.image else self.x_train.min(0).values
+        hi = torch.full(self.shape, 1.0) if self.image else self.x_train.max(0).values
         self.register_buffer("clip_lo", lo, persistent=False)
         self.register_buffer("clip_hi", hi, persistent=False)
         self.positives: torch.Tensor | None = None  # (N, *shape) generated; rebuilt each epoch, not saved
-        self._replaced = self._offered = 0
-        self._std_ratio: float | None = None
+        self.gen_steps = d.gen_steps or self.auto_gen_steps(cfg, len(self.x_train))
+        # the last epoch of a B-phase: after it the generator never trains again (None: sync trains always)
+        self.last_b = None if self.sync else self._last_b_epoch(cfg)
+        self.register_state_dict_post_hook(_store_ema_once)
+        self.register_load_state_dict_pre_hook(_restore_ema)
 
     # -- the generator's space: images in [-1, 1] (DDPM), vectors as they are (already standardised) --
+
+    @staticmethod
+    def auto_gen_steps(cfg, n_train: int, target: int = GEN_UPDATES) -> int:
+        """Generator updates per batch that give the run's B-phases about `target` updates in all."""
+        from augtune.phases import parse_phases
+
+        d = cfg.diffaug
+        per_epoch = max(1, n_train // cfg.train.batch_size)
+        if d.schedule.strip() == "sync":
+            b_epochs = cfg.train.epochs
+        else:
+            b_epochs = parse_phases(cfg.train.phases or d.schedule, cfg.train.epochs).count("B")
+        return int(min(MAX_GEN_STEPS, max(1, -(-target // max(1, b_epochs * per_epoch)))))
+
+    @staticmethod
+    def _last_b_epoch(cfg) -> int:
+        """0-based epoch of the schedule's last B-phase epoch (-1: none)."""
+        from augtune.phases import parse_phases
+
+        phases = parse_phases(cfg.train.phases or cfg.diffaug.schedule, cfg.train.epochs)
+        return max((e for e, p in enumerate(phases) if p == "B"), default=-1)
+
+    def ema_is_generator(self) -> bool:
+        """Whether the EMA copy holds the generator's very values (before the first generator update,
+        and after the last B-phase, where the generator is set to its EMA): then it is stored once."""
+        ema, gen = self.ema_generator.state_dict(), self.generator.state_dict()
+        return all(torch.equal(ema[k], gen[k]) for k in gen)
 
     def _to_gen(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2 - 1 if self.image else x
@@ -83,12 +124,8 @@ class DiffAug(Augmentation):
     @staticmethod
     def _embed(method, x: torch.Tensor, info: StepInfo | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(y, z) = (backbone output, projector of it): (B, F), (B, proj_dim)."""
-        obj = method.objective
-        y = obj.encoder(x)
-        h = y
-        for hook in obj.feature_hooks:
-            h = hook(h, info)
-        return y, obj.projector(h)
+        y = method.objective.encode(x)
+        return y, method.objective.head(y, info)
 
     @torch.no_grad()
     def condition(self, method, x: torch.Tensor) -> torch.Tensor:
@@ -97,18 +134,23 @@ class DiffAug(Augmentation):
         was = obj.training
         obj.eval()
         try:
-            return self._embed(method, x, None)[1].float()
+            z = self._embed(method, x, None)[1]
+            return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z  # autocast's bf16 up
         finally:
             obj.train(was)
 
     @torch.no_grad()
-    def generate(self, method, x: torch.Tensor, sample_steps: int | None = None) -> torch.Tensor:
-        """x_i^+ = Gen(delta | z_i), z_i from Enc(x_i) (eq. 8): positives of x, in the data's space."""
+    def generate(self, method, x: torch.Tensor) -> torch.Tensor:
+        """x_i^+ = Gen(delta | z_i), z_i from Enc(x_i) (eq. 8): positives of x, in the data's space, drawn
+        as every sampling of the run is (the buffer's refresh, the figures): `diffaug.sample_steps`
+        strided steps, sigma^2 `diffaug.sample_variance`, clamped to the data's range if `diffaug.clip`."""
         out = []
+        clip = (self.clip_lo, self.clip_hi) if self.d.clip else None
         for i in range(0, len(x), _CHUNK):
             z = self.condition(method, x[i:i + _CHUNK])
-            clip = (self.clip_lo, self.clip_hi) if self.d.clip else None
-            out.append(self._from_gen(self.ddpm.sample(self.ema_generator, z, self.shape, sample_steps, clip)))
+            x0 = self.ddpm.sample(self.ema_generator, z, self.shape, self.d.sample_steps, clip,
+                                  sample_variance=self.d.sample_variance)
+            out.append(self._from_gen(x0))
         return torch.cat(out) if out else x.new_zeros((0, *self.shape))
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -124,15 +166,17 @@ class DiffAug(Augmentation):
         return self.sync or info.phase != "B"
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
-        self._replaced = self._offered = 0
-        self._std_ratio = None
+        if self.last_b is not None and 0 <= self.last_b < info.epoch:
+            # no B-phase follows: the generator never trains again and only its EMA samples, so the generator
+            # becomes that EMA (idempotent), which a checkpoint then holds once (_store_ema_once)
+            self.generator.load_state_dict(self.ema_generator.state_dict())
         if self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info):
             device = next(self.generator.parameters()).device
-            x = self.x_train.to(device)
-            self.positives = self.generate(method, x, self.d.sample_steps)
+            x = as_float(self.x_train.to(device))  # uint8 images: float once per refresh, as the buffer is
+            self.positives = self.generate(method, x)
             # diagnostic: ~1 when the generated positives have the data's spread; >> 1 flags an
             # under-trained generator whose sampling chain amplified its noise (up to 1/sqrt(abar_T))
-            self._std_ratio = float(self.positives.std() / x.std().clamp_min(1e-12))
+            self.meter.set("gen_std_ratio", float(self.positives.std() / x.std().clamp_min(1e-12)))
         else:
             self.positives = None  # before the first B-step: ordinary augmentation only
 
@@ -143,10 +187,8 @@ class DiffAug(Augmentation):
         replace = torch.rand(b, device=batch.x.device) < self.d.lam  # (B,) each positive w.p. lambda
         gen = self.positives[batch.index]  # (B, *shape)
         view = torch.where(replace.view(b, *([1] * len(self.shape))), gen, batch.views[1])
-        self._replaced += int(replace.sum())
-        self._offered += b
-        extra = {**batch.extra, "diffaug_replaced": replace}
-        return Batch(batch.x, [batch.views[0], view, *batch.views[2:]], batch.index, batch.y, extra)
+        self.meter.add("replaced", replace.float().mean(), weight=b)  # observed rate, ~lambda
+        return batch.with_views([batch.views[0], view, *batch.views[2:]], diffaug_replaced=replace)
 
     def phase_loss(self, batch: Batch, method, info: StepInfo) -> dict[str, torch.Tensor] | None:
         terms: dict[str, torch.Tensor] = {}
@@ -177,29 +219,32 @@ class DiffAug(Augmentation):
         n = int(self.updates)
         ema_update(self.ema_generator, self.generator, min(self.d.ema, (1 + n) / (10 + n)))
 
-    def after_step(self, batch: Batch, method, info: StepInfo, optimizers: dict) -> None:
+    def after_step(self, batch: Batch, method, info: StepInfo, update: Update) -> None:
         if not (self.sync or info.phase == "B"):
             return
         self._ema()
-        opt = optimizers["generator"]
-        params = list(self.generator.parameters())
-        for _ in range(self.d.gen_steps - 1):  # diffaug.gen_steps: more updates on the same batch
+        for _ in range(self.gen_steps - 1):  # diffaug.gen_steps: more updates on the same batch
             z_c = self.condition(method, batch.x)
-            self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c).backward()
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                from augtune.trainables.loop import allreduce_gradients  # (loop imports methods)
-
-                allreduce_gradients(params, dist.get_world_size())  # as the loop does for its own steps
-            if self.cfg.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            update("generator", loss=self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c))
             self._ema()
 
     def epoch_metrics(self) -> dict[str, float]:
-        out = {"diffaug_generator_steps": float(self.updates)}
-        if self._offered:
-            out["diffaug_replaced"] = self._replaced / self._offered  # observed rate, ~lambda
-        if self._std_ratio is not None:
-            out["diffaug_gen_std_ratio"] = self._std_ratio  # std of generated positives / std of the data
-        return out
+        # generator steps so far; the observed replacement rate (~lambda); std of generated positives /
+        # std of the data (~1 when the generator has learnt the data's spread)
+        return {"diffaug_generator_steps": float(self.updates), **super().epoch_metrics()}
+
+
+def _store_ema_once(module: DiffAug, state: dict, prefix: str, local_metadata) -> None:
+    """state_dict post-hook: the EMA generator's entries are left out where they equal the generator's
+    (before the first generator update; after the last B-phase): a checkpoint holds one copy, not two."""
+    if module.ema_is_generator():
+        for k in module.ema_generator.state_dict():
+            del state[f"{prefix}ema_generator.{k}"]
+
+
+def _restore_ema(module: DiffAug, state: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: an EMA left out by `_store_ema_once` is the generator's copy."""
+    ema, gen = f"{prefix}ema_generator.", f"{prefix}generator."
+    if not any(k.startswith(ema) for k in state):
+        for k in [k for k in state if k.startswith(gen)]:
+            state[ema + k[len(gen):]] = state[k]

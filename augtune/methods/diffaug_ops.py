@@ -2,8 +2,12 @@
 
 - the Student-t kernel with its normalising constant (App. B eq. 9) and the soft contrastive loss
   (eq. 2, App. B eqs. 14-15);
-- a DDPM (Ho et al., 2020) with a linear beta schedule: the noise-prediction loss (eq. 6), ancestral
-  sampling (eq. 7) and a strided DDIM sampler (Song et al., 2021) for generation during training;
+- a DDPM (Ho et al., 2020) with a linear beta schedule: the noise-prediction loss (eq. 6) and ancestral
+  sampling (eq. 7), over all T steps or, for generation during training, over a respaced chain of
+  evenly strided steps (Nichol & Dhariwal 2021). The strided sampler is an ancestral DDPM on the
+  respaced chain, not DDIM. Eq. 7 leaves sigma_t open; it is the respaced beta ("fixed large", the
+  default) or the respaced posterior variance beta_tilde ("fixed small"; with it the update is exactly
+  DDIM with eta = 1, Song et al. 2021), Ho et al.'s two choices (Sec. 3.2);
 - the two denoisers g_phi(x_t, t, z_c): the residual MLP of App. E (vectors) and a small U-Net with
   self-attention (App. D, Listing 1) for images.
 
@@ -44,8 +48,15 @@ def t_kernel(a: torch.Tensor, b: torch.Tensor, nu: float) -> torch.Tensor:
     return log_t_kernel(torch.cdist(a.float(), b.float()).pow(2), nu).exp()
 
 
-def soft_contrastive_loss(y: torch.Tensor, z: torch.Tensor, z_bg: torch.Tensor, same: torch.Tensor, nu_y: float,
-                          nu_z: float, alpha: float) -> torch.Tensor:
+def soft_contrastive_loss(
+    y: torch.Tensor,
+    z: torch.Tensor,
+    z_bg: torch.Tensor,
+    same: torch.Tensor,
+    nu_y: float,
+    nu_z: float,
+    alpha: float,
+) -> torch.Tensor:
     """L_scl of eq. 2 / eq. 14 for B centres against their background sets, mean over centres.
 
     y: (B, Dy) and z: (B, Dz), the centres' high- and low-dimensional embeddings (Enc(x_c) = (y_c, z_c));
@@ -79,6 +90,14 @@ def soft_contrastive_loss(y: torch.Tensor, z: torch.Tensor, z_bg: torch.Tensor, 
 # ---------------------------------------------------------------------------------------------
 # DDPM
 
+SAMPLE_VARIANCES = ("beta", "posterior")  # DDPM.sample's sigma_t^2: the respaced beta, or the posterior's
+
+
+def _check_variance(sample_variance: str) -> None:
+    if sample_variance not in SAMPLE_VARIANCES:
+        raise ValueError(f"sample_variance: {sample_variance!r} is not one of {', '.join(SAMPLE_VARIANCES)}")
+
+
 class DDPM(nn.Module):
     """The linear beta schedule and the three operations a DDPM needs, for any denoiser.
 
@@ -107,29 +126,59 @@ class DDPM(nn.Module):
         xt = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
         return F.mse_loss(net(xt, t, cond.detach()).float(), noise)
 
+    def timesteps(self, sample_steps: int | None = None) -> list[int]:
+        """The 0-based steps the sampler visits, descending: all T, or `sample_steps` evenly strided."""
+        if sample_steps is None or sample_steps >= self.steps:
+            return list(range(self.steps - 1, -1, -1))
+        return torch.linspace(self.steps - 1, 0, sample_steps).round().long().unique_consecutive().tolist()
+
+    def variance(self, t: int, t_prev: int | None, sample_variance: str = "beta") -> torch.Tensor:
+        """sigma^2 of the step t -> t_prev (t_prev None: the last step, to x0) of the chain.
+
+        "beta": beta = 1 - abar_t / abar_prev, the respaced chain's beta (diffusers' "fixed_large").
+        "posterior": beta_tilde = (1 - abar_prev) / (1 - abar_t) beta, the variance of q(x_prev | x_t, x0)
+        (Ho et al. eq. 7; diffusers' "fixed_small"), 0 on the step to x0. Ho et al. (Sec. 3.2) found
+        both equally good over all T = 1000 steps; on a short respaced chain they differ (`sample`).
+        """
+        _check_variance(sample_variance)
+        ab = self.alphas_bar[t]
+        ab_prev = self.alphas_bar[t_prev] if t_prev is not None else torch.ones_like(ab)
+        beta = 1 - ab / ab_prev
+        return beta if sample_variance == "beta" else beta * (1 - ab_prev) / (1 - ab)
+
     @torch.no_grad()
-    def sample(self, net: nn.Module, cond: torch.Tensor, shape: tuple[int, ...], sample_steps: int | None = None,
-               clip: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def sample(
+        self,
+        net: nn.Module,
+        cond: torch.Tensor,
+        shape: tuple[int, ...],
+        sample_steps: int | None = None,
+        clip: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sample_variance: str = "beta",
+    ) -> torch.Tensor:
         """Gen(delta, z_c): (B, Dz) conditions -> (B, *shape) samples.
 
-        sample_steps None or >= T: ancestral sampling over all T steps (eq. 7, sigma_t^2 = beta_t).
-        Otherwise the same ancestral update on `sample_steps` evenly strided steps, with the betas of the
-        strided chain, 1 - abar_t / abar_prev (respacing, Nichol & Dhariwal 2021): T/sample_steps times
-        fewer denoiser calls. Its variance is eq. 7's (beta, "fixed large"): with the exact noise
-        predictor of N(1, 0.3^2) data it gives std 0.31 over all T = 100 steps, 0.35 over 25, 0.45 over
-        10 (DDIM with eta = 1, whose variance is the posterior's, shrinks it to 0.22 and 0.16; eta = 0
-        threw ~2% far outliers on a briefly trained generator).
+        sample_steps None or >= T: ancestral sampling over all T steps (eq. 7). Otherwise the same
+        ancestral update on `sample_steps` evenly strided steps, with the betas of the strided chain,
+        1 - abar_t / abar_prev (respacing, Nichol & Dhariwal 2021): T/sample_steps times fewer denoiser
+        calls. This is a DDPM on the respaced chain, not DDIM.
+
+        sample_variance: sigma_t^2 of each step (see `variance`). "beta" (fixed large, the default) adds
+        more noise than the posterior's "posterior" (fixed small); with few steps the difference is
+        large. With the exact noise predictor of N(mu, 0.3^2) data the samples' std is 0.31 over all
+        T = 100 steps, 0.35 over 25 and 0.44 over 10 with "beta", 0.27, 0.23 and 0.16 with "posterior"
+        (which is DDIM with eta = 1); on N(mu, 1) data "beta" gives exactly 1 at any step count and
+        "posterior" 0.96, 0.86 and 0.72. (eta = 0, deterministic DDIM, threw ~2% far outliers on a
+        briefly trained generator.)
 
         clip (lo, hi), broadcastable to a sample: the predicted clean sample x0 is clamped to it before
         the step (DDPM's clip_denoised), so that the predictor's error at large t, which the chain
         amplifies by up to 1/sqrt(abar_T) ~ 150, cannot carry samples out of the data's range.
         """
+        _check_variance(sample_variance)
         b = cond.shape[0]
         x = torch.randn((b, *shape), device=cond.device)  # delta ~ N(0, 1)
-        if sample_steps is None or sample_steps >= self.steps:
-            ts = list(range(self.steps - 1, -1, -1))
-        else:
-            ts = torch.linspace(self.steps - 1, 0, sample_steps).round().long().unique_consecutive().tolist()
+        ts = self.timesteps(sample_steps)
         one = torch.ones((), device=cond.device)
         for i, t in enumerate(ts):
             tt = torch.full((b,), t, device=cond.device, dtype=torch.long)
@@ -145,7 +194,10 @@ class DDPM(nn.Module):
                 x0 = torch.minimum(torch.maximum(x0, clip[0]), clip[1])
                 # the posterior mean of q(x_prev | x_t, x0), equal to eq. 7's mean when x0 is not clamped
                 mean = ab_prev.sqrt() * beta / (1 - ab) * x0 + alpha.sqrt() * (1 - ab_prev) / (1 - ab) * x
-            x = mean + beta.sqrt() * torch.randn_like(x) if i + 1 < len(ts) else mean
+            if i + 1 == len(ts):
+                x = mean  # the last step adds no noise
+            else:
+                x = mean + self.variance(t, ts[i + 1], sample_variance).sqrt() * torch.randn_like(x)
         return x
 
 
@@ -219,8 +271,13 @@ class _DoubleConv(nn.Module):
     def __init__(self, c_in: int, c_out: int, emb: int, residual: bool = False):
         super().__init__()
         self.residual = residual and c_in == c_out
-        self.net = nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.GroupNorm(1, c_out), nn.GELU(),
-                                 nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.GroupNorm(1, c_out))
+        self.net = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.GroupNorm(1, c_out),
+            nn.GELU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.GroupNorm(1, c_out),
+        )
         self.emb = nn.Sequential(nn.SiLU(), nn.Linear(emb, c_out))  # time + condition, per channel
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:

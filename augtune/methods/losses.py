@@ -1,6 +1,7 @@
 """Contrastive losses as pure functions of tensors.
 
-No config objects, no devices, no rank logic except the explicit, optional gather across DDP ranks.
+No config objects, no devices, no rank logic except the explicit, optional gather across DDP ranks
+and the one gradient all-reduce every optimiser step of a DDP run goes through.
 """
 from __future__ import annotations
 
@@ -85,3 +86,21 @@ def info_nce_queue(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temper
     neg = q @ queue.detach().T  # (B, K)
     logits = torch.cat([pos, neg], dim=1) / temperature
     return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+
+
+@torch.no_grad()
+def allreduce_gradients(params: list[torch.Tensor], world_size: int) -> None:
+    """Average gradients over DDP ranks in one flat all-reduce (a missing gradient counts as 0).
+
+    Done by hand rather than by wrapping in DistributedDataParallel: phases leave whole networks
+    without gradients, and one flat buffer keeps every rank's reduction identical and in one call.
+    """
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n

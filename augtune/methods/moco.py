@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from augtune.methods.base import Encoder, MomentumObjective, StepInfo
+from augtune.methods.base import Encoder, MomentumObjective, Outputs, StepInfo
 from augtune.methods.losses import gather_no_grad, info_nce_queue
 
 
@@ -29,13 +29,13 @@ class MoCo(MomentumObjective):
         self.queue[slots] = keys.to(self.queue.dtype)
         self.queue_ptr.copy_((self.queue_ptr + keys.shape[0]) % size)
 
-    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, dict]:
-        q1, q2 = self.project(v1, info), self.project(v2, info)
-        k1, k2 = self.target_project(v1), self.target_project(v2)
+    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, Outputs]:
+        q1, q2 = self.embed(v1, info), self.embed(v2, info)
+        k1, k2 = self.target_embed(v1), self.target_embed(v2)
         tau = self.cfg.train.temperature
         queue = self.queue.clone()  # the negatives of this step; enqueue below writes in place
         loss = info_nce_queue(q1, k2, queue, tau) + info_nce_queue(q2, k1, queue, tau)  # symmetrised
         if self.training:  # k1 then k2, each gathered in rank order: the order one process would use
             self.enqueue(k1)
             self.enqueue(k2)
-        return loss, {"z1": q1, "z2": q2, "t1": k1, "t2": k2}
+        return loss, Outputs(projections=(q1, q2), targets=(k1, k2))

@@ -24,16 +24,18 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from augtune.methods.base import Augmentation, Batch, MomentumObjective, StepInfo
+from augtune.methods.base import Augmentation, Batch, Outputs, StepInfo
 
 
 def nrcc_log_ratio(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tau: float) -> torch.Tensor:
-    """(B,) per anchor i: logsumexp_{j != i}(<a_i, c_j>/tau) - logsumexp_j(<a_i, b_j>/tau), raw inner products.
+    """(B,) per anchor i: logsumexp_{j != i}(<a_i, c_j>/tau) - logsumexp_j(<a_i, b_j>/tau), raw inner
+    products.
 
     The c-sum leaves out j = i: NRCC's negative pairs are (x_i^a, x_j^c), i != j (Alg. 2 line 10,
     and the j != i sum of eq. 11). Gradient in a_i: sum_{j != i} softmax_c(j) c_j / tau (eq. 11's
     repulsion from the c_j) - softmax_b(i) b_i / tau (eq. 10's extra attraction to b_i)
-    - sum_{j != i} softmax_b(j) b_j / tau (eq. 11's reduced repulsion, psi'_j = 1 / sum_l exp(<a_i, b_l>/tau)).
+    - sum_{j != i} softmax_b(j) b_j / tau (eq. 11's reduced repulsion,
+    psi'_j = 1 / sum_l exp(<a_i, b_l>/tau)).
     """
     own = torch.eye(a.shape[0], dtype=torch.bool, device=a.device)
     to_c = (a @ c.T / tau).masked_fill(own, float("-inf"))  # (B, B)
@@ -47,25 +49,40 @@ def nrcc_regulariser(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tau: flo
 
 
 def sghmc(seed: torch.Tensor, density: Callable[[torch.Tensor], torch.Tensor], delta1: float, delta2: float,
-          delta3: float, steps: int, order: str = "paper", p0: torch.Tensor | None = None) -> torch.Tensor:
+          delta3: float, steps: int, order: str = "momentum_first", p0: torch.Tensor | None = None,
+          grad_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Alg. 1 on a batch: ``steps`` SGHMC iterations from ``seed`` (B, *shape), no Python loop over samples.
 
     `density(s)` gives (B,) values P_Omega(s_i), each depending on its own row only; its gradient
-    is taken with respect to s alone (autograd.grad: no parameter receives a gradient). `p0`: the
-    initial momentum (default r0 ~ N(0, I), as Alg. 1).
+    is taken with respect to s alone (autograd.grad: no parameter receives a gradient) and clipped
+    element-wise to [-grad_clip, grad_clip] when given (the official code: 1). `p0`: the initial
+    momentum (default r0 ~ N(0, I), as Alg. 1). ``order``: momentum_first (the official code and
+    textbook SGHMC: move with the updated momentum) or paper (eq. 18 as printed: move with the
+    momentum before its update, so one step never uses the gradient).
+
+    Returns (x^c, the part of x^c - seed that the density's gradient made): the momentum is linear
+    in its inputs, so the displacement splits exactly into a gradient part and a noise part.
     """
     s = seed.detach()
     p = torch.randn_like(s) if p0 is None else p0
+    p_grad = torch.zeros_like(s)  # the gradient's share of the momentum ...
+    moved_by_grad = torch.zeros_like(s)  # ... and of the displacement
     for j in range(steps):
-        if order == "paper" and j == steps - 1:
-            return s + delta2 * p  # eq. 18: the last move needs no new gradient (with steps 1, none at all)
+        if order == "paper" and j == steps - 1:  # eq. 18: the last move needs no new gradient
+            return s + delta2 * p, moved_by_grad + delta2 * p_grad
         with torch.enable_grad():
             x = s.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(density(x).sum(), x)
+        if grad_clip is not None:
+            grad = grad.clamp(-grad_clip, grad_clip)
         p_new = (1 - delta1) * p - delta2 * grad + delta3 * torch.randn_like(s)  # eq. 17
-        s = s + delta2 * (p if order == "paper" else p_new)  # eq. 18: the momentum before its update
-        p = p_new
-    return s.detach()
+        p_grad_new = (1 - delta1) * p_grad - delta2 * grad
+        if order == "paper":  # eq. 18: the momentum before its update
+            s, moved_by_grad = s + delta2 * p, moved_by_grad + delta2 * p_grad
+        else:
+            s, moved_by_grad = s + delta2 * p_new, moved_by_grad + delta2 * p_grad_new
+        p, p_grad = p_new, p_grad_new
+    return s.detach(), moved_by_grad.detach()
 
 
 class NRCC(Augmentation):
@@ -73,17 +90,6 @@ class NRCC(Augmentation):
 
     name = "nrcc"
     figures = ("umap",)
-
-    def __init__(self, cfg, data):
-        super().__init__(cfg, data)
-        self._dist: list[torch.Tensor] = []
-
-    @staticmethod
-    def _branch(objective) -> Callable[[torch.Tensor], torch.Tensor]:
-        """g(f(.)) whose gradient SGHMC follows: the target branch of a momentum base, else the online."""
-        if isinstance(objective, MomentumObjective):
-            return lambda x: objective.target_projector(objective.target_encoder(x))
-        return lambda x: objective.projector(objective.encoder(x))
 
     def negatives(self, batch: Batch, method) -> torch.Tensor:
         """x^c for every sample: SGHMC from a random view of the batch, or (augment) a random view."""
@@ -94,7 +100,7 @@ class NRCC(Augmentation):
         if c.negatives == "augment":
             return views[pick]
         objective = method.objective
-        g = self._branch(objective)
+        g = objective.target_network  # g(f(.)) whose gradient SGHMC follows: the target side of the base
         was_training = objective.training
         objective.eval()  # BatchNorm on running statistics: each sample's density depends on it alone
         anchor: list[torch.Tensor] = []  # g(f(x_i)) of the clean samples, computed when first needed
@@ -106,33 +112,24 @@ class NRCC(Augmentation):
             return 1.0 / (1.0 + (F.normalize(g(s), dim=1) * anchor[0]).sum(dim=1))
 
         try:
-            out = sghmc(views[pick], density, c.delta1, c.delta2, c.delta3, c.steps, c.order)
+            out, by_grad = sghmc(views[pick], density, c.delta1, c.delta2, c.delta3, c.steps, c.order,
+                                 grad_clip=c.grad_clip)
         finally:
             objective.train(was_training)
+        # how much of x^c's move the density's gradient made (the rest is SGHMC's noise): per sample
+        # ||gradient part|| / ||x^c - seed||; ~1e-5 in the official setting, where x^c is a noisy view
+        moved = (out - views[pick]).flatten(1).norm(dim=1)
+        self.meter.add("grad_share", (by_grad.flatten(1).norm(dim=1) / moved.clamp_min(1e-12)).mean())
         return out
 
-    def loss_terms(self, batch: Batch, out: dict, method, info: StepInfo) -> dict[str, torch.Tensor]:
+    def loss_terms(self, batch: Batch, out: Outputs, method, info: StepInfo) -> dict[str, torch.Tensor]:
         c = self.cfg.nrcc
         xc = self.negatives(batch, method)
-        objective = method.objective
-        if isinstance(objective, MomentumObjective):  # Fig. 4c: target branch, no predictor, stop-gradient
-            zc = objective.target_project(xc)
-            b1, b2 = out["t2"], out["t1"]
-        else:
-            zc = objective.project(xc, info)
-            b1, b2 = out["z2"], out["z1"]
-            if "p1" in out:  # SimSiam: its z's are targets under stop-gradient
-                zc, b1, b2 = zc.detach(), b1.detach(), b2.detach()
-        a1, a2 = out.get("p1", out["z1"]), out.get("p2", out["z2"])  # q(z^a) where there is a predictor
+        # Fig. 4c: x^c and the positives b on the target side (BYOL's target branch without predictor,
+        # SimSiam's stop-gradient projections, SimCLR's own), anchors a = q(z^a) where there is a predictor
+        zc = method.objective.target_embed(xc, info)
+        (a1, a2), (b2, b1) = out.anchors, out.targets
         reg = nrcc_regulariser(a1, b1, zc, c.tau) + nrcc_regulariser(a2, b2, zc, c.tau)  # l_a and its b-twin
-        with torch.no_grad():  # how close x_i^c lands to x_i's own view (eq. 16 pulls it there): a diagnostic
-            self._dist.append(F.cosine_similarity(zc.float(), b1.float(), dim=1).mean())
+        # how close x_i^c lands to x_i's own view (eq. 16 pulls it there): mean cos(z^c_i, z^b_i)
+        self.meter.add("cos_c_b", F.cosine_similarity(zc.detach().float(), b1.detach().float(), dim=1).mean())
         return {"nrcc": c.lam * reg}
-
-    def on_epoch_start(self, method, info: StepInfo) -> None:
-        self._dist = []
-
-    def epoch_metrics(self) -> dict[str, float]:
-        if not self._dist:
-            return {}
-        return {"nrcc_cos_c_b": float(torch.stack(self._dist).mean())}  # mean cos(z^c_i, z^b_i)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from augtune.methods.base import Augmentation, Batch, StepInfo
+from augtune.methods.base import Augmentation, Batch, Outputs, StepInfo
 from augtune.models import cifar_resnet
 
 
@@ -135,7 +135,6 @@ class PiNDA(Augmentation):
         self.figures = ("pinda",) if data.modality == "image" else ()  # the noise grid shows images
         view = cfg.view.name
         self.pair = c.draw == "pair" or (c.draw == "auto" and view == "identity")
-        self._sums = {"norm": 0.0, "scale": 0.0, "rate": 0.0, "n": 0}
 
     def joint_parameters(self) -> list:
         return list(self.generator.parameters())  # the encoder's optimiser trains psi with theta (Alg. 2)
@@ -160,29 +159,13 @@ class PiNDA(Augmentation):
         used = torch.cat(noises)
         if used.shape[0] == 0:  # no slot drew PiNDA this step: the penalty has nothing to measure
             used = noise
-        batch.extra["pinda_noise"] = used
-        with torch.no_grad():  # device tensors: no host sync per step
-            s = self._sums
-            s["norm"] = s["norm"] + used.flatten(1).norm(dim=1).mean()
-            s["scale"] = s["scale"] + scale.mean()
-            s["rate"] = s["rate"] + mask.float().mean()
-            s["n"] += 1
-        batch.views = views
-        return batch
+        with torch.no_grad():
+            self.meter.add("noise_norm", used.flatten(1).norm(dim=1).mean())  # mean ||noise|| per sample
+            self.meter.add("sigma_mean", scale.mean())  # mean Sigma (or u) per element
+            self.meter.add("rate", mask.float().mean())  # fraction of view slots that were x + noise
+        return batch.with_views(views, pinda_noise=used)
 
-    def loss_terms(self, batch: Batch, out: dict, method, info: StepInfo) -> dict[str, torch.Tensor]:
+    def loss_terms(self, batch: Batch, out: Outputs, method, info: StepInfo) -> dict[str, torch.Tensor]:
         if not self.cfg.pinda.penalty:
             return {}
         return {"pinda_penalty": self.cfg.pinda.penalty * inverse_norm_penalty(batch.extra["pinda_noise"])}
-
-    def on_epoch_start(self, method, info: StepInfo) -> None:
-        self._sums = {"norm": 0.0, "scale": 0.0, "rate": 0.0, "n": 0}
-
-    def epoch_metrics(self) -> dict[str, float]:
-        n = self._sums["n"]
-        if not n:
-            return {}
-        s = self._sums
-        return {"pinda_noise_norm": float(s["norm"]) / n,  # mean ||noise|| per sample
-                "pinda_sigma_mean": float(s["scale"]) / n,  # mean Sigma (or u) per element
-                "pinda_rate": float(s["rate"]) / n}  # fraction of view slots that were x + noise

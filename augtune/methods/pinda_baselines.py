@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from augtune.data.batches import as_float, is_streamed
 from augtune.methods.base import Augmentation, Batch, StepInfo
 from augtune.methods.losses import nt_xent
 
@@ -27,12 +28,14 @@ class RandomNoise(Augmentation):
         super().__init__(cfg, data)
         # "rescale the input feature, then add standard Gaussian noise": noise in units of each
         # feature's spread over the training set (standardised vectors: std 1, so plain N(0, 1)).
-        std = data.x_train.std(dim=0, keepdim=True).clamp_min(1e-6)  # (1, *shape)
+        x = data.pretrain()[0]
+        if is_streamed(x):
+            raise ValueError("random_noise: needs the training images in memory (dataset.cache: memory)")
+        std = as_float(x).std(dim=0, keepdim=True).clamp_min(1e-6)  # (1, *shape); uint8: one float copy, here
         self.register_buffer("scale", std, persistent=False)
 
     def transform(self, batch: Batch, method, info: StepInfo) -> Batch:
-        batch.views = [batch.x + torch.randn_like(batch.x) * self.scale for _ in batch.views]
-        return batch
+        return batch.with_views([batch.x + torch.randn_like(batch.x) * self.scale for _ in batch.views])
 
 
 class SimCL(Augmentation):
@@ -60,16 +63,19 @@ class CLAE(Augmentation):
         objective = method.objective
         step = c.clae_eps if c.clae_steps == 1 else 2.5 * c.clae_eps / c.clae_steps
         with torch.no_grad():
-            z2 = objective.project(v2, info)
+            z2 = objective.embed(v2, info)
         delta = torch.zeros_like(v1)
         for _ in range(c.clae_steps):
             delta.requires_grad_(True)
             with torch.enable_grad():
-                loss = nt_xent(objective.project(v1 + delta, info), z2, self.cfg.train.temperature, gather=False)
+                loss = nt_xent(
+                    objective.embed(v1 + delta, info), z2, self.cfg.train.temperature, gather=False
+                )
                 (grad,) = torch.autograd.grad(loss, delta)
             delta = (delta.detach() + step * grad.sign()).clamp(-c.clae_eps, c.clae_eps)
         return (v1 + delta).detach()
 
     def transform(self, batch: Batch, method, info: StepInfo) -> Batch:
-        batch.views = [*batch.views[:-1], self.adversarial(batch.views[-1], batch.views[0], method, info)]
-        return batch
+        return batch.with_views(
+            [*batch.views[:-1], self.adversarial(batch.views[-1], batch.views[0], method, info)]
+        )

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from augtune.methods.base import Objective, StepInfo
+from augtune.methods.base import Objective, Outputs, StepInfo
 from augtune.methods.losses import nt_xent
 
 
 class SimCLR(Objective):
     name = "simclr"
 
-    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, dict]:
-        z1, z2 = self.project(v1, info), self.project(v2, info)  # (B, proj_dim) each
+    def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, Outputs]:
+        z1, z2 = self.embed(v1, info), self.embed(v2, info)  # (B, proj_dim) each
         loss = nt_xent(z1, z2, self.cfg.train.temperature)
-        return loss, {"z1": z1, "z2": z2}
+        return loss, Outputs(projections=(z1, z2), targets=(z1, z2))

@@ -26,6 +26,7 @@ PLOTS: dict[str, str] = {
     "cocor": "augtune.plots.cocor",  # latent similarity per length (Fig. 4a), feature spectrum (4b)
     "diffaug": "augtune.plots.diffaug",  # originals + generated positives; the lambda curve
     "pinda": "augtune.plots.pinda",  # originals, Sigma, mu, noise, x + noise (PiNDA Figs. 1, 4)
+    "search": "augtune.plots.search",  # a search's history, parallel coordinates, importances (Optuna's)
     "umap": "augtune.plots.umap",  # UMAP of the features by class and by found cluster (NRCC Fig. 1)
 }
 
@@ -40,8 +41,13 @@ def save(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, write and close a matplotlib figure; the path written."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    import warnings
+
+    # colour bars make tight_layout warn; the tight bounding box below suffices
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # legends and labels outside the axes are kept whole
     plt.close(fig)
     return Path(path)
 
@@ -99,8 +105,13 @@ class Run:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             torch.manual_seed(self.cfg.train.seed)
             method = build_method(self.cfg, self.data)
-            state = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
-            method.load_state_dict(state["method"])
+            try:
+                state = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+                method.load_state_dict(state["method"])
+            except Exception as e:  # truncated, foreign, or another model's: one line, not a traceback
+                reason = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+                raise PlotError(f"{self.checkpoint}: not a usable checkpoint of this run "
+                                f"({reason})") from None
             self._method = method.to(device).eval()
         return self._method
 
@@ -118,10 +129,10 @@ class Run:
 
     def features(self, split: str = "test"):
         """(N, F) float32 CPU features of the split (`train` or `test`) under `eval.encoder`."""
-        from augtune.trainables.loop import extract_features
+        from augtune.eval import extract_features
 
         x = getattr(self.data, f"x_{split}")
-        return extract_features(self.method.features, x, self.cfg.eval.batch_size, self.device)
+        return extract_features(self.method.features, x, self.cfg.eval.batch_size or 256, self.device)
 
 
 _NOT_A_VARIANT = ("train.seed", "method.base", "method.augment")  # the seed; the method is in the label
@@ -130,36 +141,34 @@ _NOT_A_VARIANT = ("train.seed", "method.base", "method.augment")  # the seed; th
 def variants(runs: list[Run]) -> dict[str, list[Run]]:
     """The runs grouped by what they are apart from their seed: {"moco+cocor (cocor.mmnn=true)": [...]}.
 
-    A label is the method plus every config key whose value differs between the runs and that the
-    run reads (`config.key_applies`); so plain MoCo from a grid over `cocor.mmnn` is one variant, and
-    its twin (same variant, same seed, a key it never reads apart) is kept once. Groups keep the
-    order in which their first run came.
+    A label is the method plus every setting that differs between the runs and that the run reads
+    (`config.run_signature`); so plain MoCo from a grid over `cocor.mmnn` is one variant, and its
+    twin (same variant, same seed, a key it never reads apart) is kept once. Groups keep the order
+    in which their first run came.
     """
     from augtune.analysis.frame import flatten_config
-    from augtune.config import key_applies
+    from augtune.config import format_value, run_signature
 
-    flat = [flatten_config(r.record.get("config", {})) for r in runs]
-    keys = sorted({k for f in flat for k in f} - set(_NOT_A_VARIANT))
-    varying = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+    sigs = [dict(run_signature(flatten_config(r.record.get("config", {})), r.record["method"],
+                               ignore=_NOT_A_VARIANT)) for r in runs]
+    keys = sorted({k for sig in sigs for k in sig})
+    varying = [k for k in keys if len({sig[k] for sig in sigs if k in sig}) > 1]
+    distinct = {(r.record["method"], tuple(sorted(sig.items()))) for r, sig in zip(runs, sigs)}
+    for digits in (4, None):  # as many digits as tell the variants apart
+        def label(method: str, sig: dict) -> str:
+            own = [f"{k}={format_value(sig[k], digits)}" for k in varying if k in sig]
+            return f"{method} ({', '.join(own)})" if own else method
+
+        if len({label(m, dict(s)) for m, s in distinct}) == len(distinct):
+            break
     groups: dict[str, list[Run]] = {}
     seen: set[tuple] = set()
-    for run, f in zip(runs, flat):
-        method = run.record["method"]
-        own = [f"{k}={_show(f.get(k))}" for k in varying if key_applies(k, method)]
-        label = f"{method} ({', '.join(own)})" if own else method
-        if (label, run.record.get("seed")) in seen:
-            continue
-        seen.add((label, run.record.get("seed")))
-        groups.setdefault(label, []).append(run)
+    for run, sig in zip(runs, sigs):
+        twin = (run.record["method"], tuple(sorted(sig.items())), run.record.get("seed"))
+        if twin not in seen:
+            seen.add(twin)
+            groups.setdefault(label(run.record["method"], sig), []).append(run)
     return groups
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return str(value)
 
 
 def load_run(path: Path) -> Run:
@@ -199,8 +208,14 @@ def plot(kind: str, runs: list[Run], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")  # files only, never a window
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    return importlib.import_module(PLOTS[kind]).plot(runs, out)
+    try:
+        return importlib.import_module(PLOTS[kind]).plot(runs, out)
+    except BaseException:
+        if created and not any(out.iterdir()):  # a figure that failed leaves no empty folder behind
+            out.rmdir()
+        raise
 
 
 def describe(kind: str) -> str:

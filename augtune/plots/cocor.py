@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from augtune.data.batches import as_float
 from augtune.plots import PlotError, Run, save, variants
 
 MAX_SAMPLES = 1024  # test samples the similarities are measured on
@@ -32,7 +33,7 @@ def measured_similarity(run: Run, lengths: tuple[int, ...], seed: int = 0) -> li
 
     method, data = run.method, run.data
     obj = method.objective
-    x = data.x_test[:MAX_SAMPLES].to(run.device)
+    x = as_float(data.x_test[:MAX_SAMPLES].to(run.device))
     ops = pool_ops(run.cfg.cocor.pool, data.modality)
     state = torch.get_rng_state()
     torch.manual_seed(seed)  # the same composites for every run
@@ -40,7 +41,7 @@ def measured_similarity(run: Run, lengths: tuple[int, ...], seed: int = 0) -> li
         views, _ = composite_views(x, lengths, ops, data.modality)
     finally:
         torch.set_rng_state(state)
-    z0 = torch.nn.functional.normalize(obj.project(x), dim=1)  # (B, D)
+    z0 = torch.nn.functional.normalize(obj.embed(x), dim=1)  # (B, D)
     z = CoCor.embed(obj, views).view(len(lengths), x.shape[0], -1)  # (L, B, D)
     return (z * z0).sum(-1).mean(1).float().cpu().tolist()
 
@@ -83,14 +84,23 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     _legend(ax)
     files.append(save(fig, out / "cocor_similarity.png", dpi=120))
 
-    trained = {name: group for name, group in groups.items()
-               if any(k.startswith("cocor_sim_l") for r in group for e in r.record.get("epochs", []) for k in e)}
+    trained = {
+        name: group
+        for name, group in groups.items()
+        if any(k.startswith("cocor_sim_l") for r in group for e in r.record.get("epochs", []) for k in e)
+    }
     if trained:
         fig, ax = plt.subplots(figsize=(7.5, 3.5))
         for i, (name, group) in enumerate(trained.items()):
             for l in group[0].cfg.cocor.lengths:
-                curves = [dict((e["epoch"], e[f"cocor_sim_l{l}"]) for e in r.record["epochs"] if f"cocor_sim_l{l}" in e)
-                          for r in group]
+                curves = [
+                    dict(
+                        (e["epoch"], e[f"cocor_sim_l{l}"])
+                        for e in r.record["epochs"]
+                        if f"cocor_sim_l{l}" in e
+                    )
+                    for r in group
+                ]
                 epochs = sorted(set.intersection(*(set(c) for c in curves)))  # the epochs every seed has
                 if epochs:
                     ax.plot(epochs, [np.mean([c[e] for c in curves]) for e in epochs], color=f"C{i}",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from augtune.data.batches import as_float
 from augtune.plots import PlotError, save
 
 _SHOW = 6  # test samples shown per run
@@ -35,21 +36,27 @@ def _samples_figure(run, out: Path) -> Path:
     aug = run.augmentation("diffaug")
     data = run.data
     idx = _pick(data.y_test, _SHOW)
-    x = data.x_test[idx].to(run.device)  # (S, *shape)
+    x = as_float(data.x_test[idx].to(run.device))  # (S, *shape)
     torch.manual_seed(run.cfg.train.seed)
-    gens = [aug.generate(run.method, x, run.cfg.diffaug.sample_steps).cpu() for _ in range(_POSITIVES)]
+    gens = [aug.generate(run.method, x).cpu() for _ in range(_POSITIVES)]  # the run's own sampler
     x = x.cpu()
     cols = ["Ori"] + [f"Aug{k + 1}" for k in range(_POSITIVES)]
     note = "" if int(aug.updates) else " (generator never trained)"
     lam = run.cfg.diffaug.lam
     if data.modality == "image":
-        fig, axes = plt.subplots(len(idx), len(cols), figsize=(1.6 * len(cols), 1.6 * len(idx)), squeeze=False)
+        fig, axes = plt.subplots(
+            len(idx), len(cols), figsize=(1.6 * len(cols), 1.6 * len(idx)), squeeze=False
+        )
         for r in range(len(idx)):
             for c, img in enumerate([x[r]] + [g[r] for g in gens]):
                 ax = axes[r, c]
                 arr = img.clamp(0, 1).permute(1, 2, 0).numpy()
-                ax.imshow(arr[..., 0] if arr.shape[-1] == 1 else arr, cmap="gray" if arr.shape[-1] == 1 else None,
-                          vmin=0, vmax=1)
+                ax.imshow(
+                    arr[..., 0] if arr.shape[-1] == 1 else arr,
+                    cmap="gray" if arr.shape[-1] == 1 else None,
+                    vmin=0,
+                    vmax=1,
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if r == 0:

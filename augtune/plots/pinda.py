@@ -1,4 +1,5 @@
-"""PiNDA's noise grid (paper Figs. 1 and 4): originals, the learned Sigma (and mu), a sampled noise, x + noise.
+"""PiNDA's noise grid (paper Figs. 1 and 4): originals, the learned Sigma (and mu), a sampled noise,
+x + noise.
 
 One PNG per run, `pinda_noise_<label>.png`: a column per test image (the first of each class, up to
 eight), rows original / Sigma (or u) / mu when learned / noise / x + noise. Sigma and the noise are
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from augtune.data.batches import as_float
 from augtune.plots import PlotError, Run, run_stem, save
 
 
@@ -19,19 +21,21 @@ def _columns(y: torch.Tensor, n: int = 8) -> torch.Tensor:
     return torch.tensor(first)
 
 
-def _show(ax, img: torch.Tensor, symmetric: bool = False) -> None:
+def _show(ax, img: torch.Tensor, symmetric: bool = False, vmax: float = 1.0):
+    """Draw one image; a symmetric map (Sigma, mu, noise) on [-vmax, vmax], shared by its row."""
     img = img.float().cpu()
     if img.shape[0] == 1:
         if symmetric:
-            ax.imshow(img[0].numpy(), cmap="RdBu_r", vmin=-img.abs().max(), vmax=img.abs().max())
+            shown = ax.imshow(img[0].numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax)
         else:  # images on their own [0, 1] scale, clipped: the noise must not rescale the picture
-            ax.imshow(img[0].clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
-    else:  # colour: rescale a map to [0, 1] for display
+            shown = ax.imshow(img[0].clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
+    else:  # colour: a map is rescaled to [0, 1] for display (grey = 0)
         if symmetric:
-            img = 0.5 + img / (2 * img.abs().max().clamp_min(1e-8))
-        ax.imshow(img.clamp(0, 1).permute(1, 2, 0).numpy())
+            img = 0.5 + img / (2 * vmax)
+        shown = ax.imshow(img.clamp(0, 1).permute(1, 2, 0).numpy())
     ax.set_xticks([])
     ax.set_yticks([])
+    return shown
 
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
@@ -44,7 +48,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         if run.data.modality != "image":
             raise PlotError(f"{run.path}: the noise grid needs image data ({run.data.name} gives vectors)")
         cols = _columns(run.data.y_test)
-        x = run.data.x_test[cols].to(run.device)  # (n, C, H, W)
+        x = as_float(run.data.x_test[cols].to(run.device))  # (n, C, H, W)
         torch.manual_seed(run.cfg.train.seed)
         with torch.no_grad():
             mu, scale = aug.generator.params(x)
@@ -53,11 +57,15 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         if mu is not None:
             rows.append(("μ", mu, True))
         rows += [("noise ε", noise, True), ("x + ε", x + noise, False)]
-        fig, axes = plt.subplots(len(rows), len(cols), figsize=(1.3 * len(cols), 1.4 * len(rows)), squeeze=False)
+        fig, axes = plt.subplots(
+            len(rows), len(cols), figsize=(1.3 * len(cols), 1.4 * len(rows)), squeeze=False
+        )
         for r, (title, imgs, symmetric) in enumerate(rows):
-            for c in range(len(cols)):
-                _show(axes[r, c], imgs[c], symmetric)
+            vmax = float(imgs.abs().max().clamp_min(1e-8))  # one scale per row, so its colour bar is true
+            shown = [_show(axes[r, c], imgs[c], symmetric, vmax) for c in range(len(cols))]
             axes[r, 0].set_ylabel(title, fontsize=9)
+            if x.shape[1] == 1:  # a colour bar per row (RGB maps have none: grey is 0, the extremes +-vmax)
+                fig.colorbar(shown[-1], ax=list(axes[r]), fraction=0.03, pad=0.02)
         fig.suptitle(f"{run.label}: π-noise (‖ε‖ mean {noise.flatten(1).norm(dim=1).mean():.2f})", fontsize=9)
         written.append(save(fig, out / f"pinda_noise_{run_stem(run)}.png"))
     return written

@@ -35,7 +35,14 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             ax.set_title(title, fontsize=10)
             ax.set_xticks([])
             ax.set_yticks([])
-        fig.suptitle(f"{run.label}: UMAP of {run.data.name} test features — cluster ACC "
-                     f"{cluster_accuracy(y, found):.3f}, ARI {adjusted_rand_score(y, found):.3f}", fontsize=10)
+        handles, _ = axes[0].collections[0].legend_elements(num=None)  # one entry per class, sorted
+        names = [run.data.classes[int(c)] if int(c) < len(run.data.classes) else str(c) for c in np.unique(y)]
+        axes[0].legend(handles, names, title="class", fontsize=7, title_fontsize=8, loc="center right",
+                       bbox_to_anchor=(-0.02, 0.5), frameon=False, markerscale=0.8)
+        fig.suptitle(
+            f"{run.label}: UMAP of {run.data.name} test features — cluster ACC "
+            f"{cluster_accuracy(y, found):.3f}, ARI {adjusted_rand_score(y, found):.3f}",
+            fontsize=10,
+        )
         written.append(save(fig, out / f"umap_{run_stem(run)}.png"))
     return written

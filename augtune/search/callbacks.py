@@ -1,12 +1,29 @@
 """Tune callbacks of an augtune search (imports Ray: only `launch` loads it, lazily)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pyarrow.fs
 from ray.tune import Callback
 
-from augtune.records import now, read_record, write_record
+from augtune.records import RECORD_FILE, now, read_record, write_record
 from augtune.search.status import error_line
+
+
+class StepStatuses(Callback):
+    """Each trial's status as Tune's last step left it. After a stop signal (Ctrl-C), Tune's clean-up
+    marks every running and pending trial TERMINATED before `fit` returns, so its results alone cannot
+    tell an interrupted grid search (every trial created up front) from a finished one."""
+
+    def __init__(self):
+        self.statuses: dict[str, str] = {}
+
+    def setup(self, **info):
+        self.statuses = {}
+
+    def on_step_end(self, iteration, trials, **info):
+        self.statuses = {t.trial_id: t.status for t in trials}
 
 
 class SettleRecords(Callback):
@@ -15,14 +32,13 @@ class SettleRecords(Callback):
     already says how it ended (completed, or failed with the loop's own reason) is left alone."""
 
     def _settle(self, trial, status: str, error: str | None) -> None:
-        path = Path(trial.local_path or "")
-        try:
-            record = read_record(path)
-        except (OSError, ValueError):
-            return
-        if record["status"] == "running":
+        record = _read(trial)
+        if record is not None and record["status"] == "running":
             record.update(status=status, error=error, finished=now())
-            write_record(path, record)
+            try:
+                _write(trial, record)
+            except OSError:  # a full disk: Tune's own state still says how the trial ended
+                pass
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
         self._settle(trial, "stopped", None)
@@ -35,3 +51,26 @@ def _reason(trial) -> str:
     """The exception line of the trial's error file, or a generic reason."""
     line = error_line(Path(trial.error_file)) if trial.error_file else ""
     return line or "the trial errored (see its error.txt)"
+
+
+# A trial's record is in its folder of the experiment (`trial.path` on the storage's file system), where
+# the trial itself writes it (augtune.trainables.ray_trainable.TrialFolder), not in Tune's staging copy.
+
+def _read(trial) -> dict | None:
+    fs = trial.storage.storage_filesystem
+    try:
+        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+            return read_record(Path(trial.path))
+        with fs.open_input_stream(f"{trial.path}/{RECORD_FILE}") as f:
+            return json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(trial, record: dict) -> None:
+    fs = trial.storage.storage_filesystem
+    if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        write_record(Path(trial.path), record)
+    else:
+        with fs.open_output_stream(f"{trial.path}/{RECORD_FILE}") as f:
+            f.write((json.dumps(record, indent=1) + "\n").encode())

@@ -1,186 +1,71 @@
-"""`augtune search` and `augtune resume`: Ray Tune + Optuna over augtune trials.
+"""`augtune search` and `augtune resume` on Ray: connect, run, resume, repeat the best.
 
-Everything that can be wrong with the input is found by :func:`plan_search` before Ray starts or
-anything is written: the config, the space (every point and one sample must make a valid config),
-the metric (some trial must report it), the data, the storage and the resources.
+The plan (`augtune.search.plan`) has checked everything before this module starts Ray. Here:
 
-Resources: a trial with one CPU worker runs the loop inside the Tune trial and takes
-``resources.cpus_per_worker`` CPUs. A DDP trial is a driver taking 0.01 CPU plus
-``num_workers x cpus_per_worker`` CPUs (and GPUs) for its Ray Train workers. A local Ray gets
-``max(cores, one trial's CPUs rounded up)`` logical CPUs, so a two-worker trial also runs on a
-two-core laptop; concurrency is how many trials the cluster's resources hold at once (capped by
-``search.max_concurrent``).
+- a local Ray runs with Ray's token authentication (a local search refuses RAY_AUTH_MODE=disabled),
+  its dashboard and metrics exporter off unless asked (see `connect` for what still listens);
+- one search per experiment folder at a time (a lock file with the owner's pid and host);
+- trial processes are reused across trials and the repeat phase (`reuse_actors`; each trial resets
+  the global state it could inherit: `trainables.ray_trainable.isolate_trial`);
+- Optuna keeps its study in the experiment folder (`optuna.journal`, Optuna's journal file), so
+  optuna-dashboard and Optuna's plots open it, and a resumed search continues the same study;
+- an interrupted search (Ctrl-C) stops with its trials checkpointed and never repeats the best of a
+  partial search: `SearchInterrupted` says how to resume; a search whose every trial failed raises
+  `SearchFailed` with the first trial's reason.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import math
+import json
 import os
-from dataclasses import dataclass, replace
+import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
 
-from augtune.config import Config, ConfigError, check_names, from_dict, key_applies, load_config, set_values, to_dict
+from augtune.config import Config, ConfigError, run_signature, to_dict
+from augtune.records import REPEAT_DIR, SEARCH_FILE, process_started
+from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
+from augtune.search.recovery import prepare_restore
 
-SEARCH_FILE = "augtune_search.yaml"  # in the experiment folder: what `augtune resume` needs
-REPEAT_DIR = "repeat_best"  # the repeat-best experiment, nested in the search's folder
-DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
-ALWAYS_REPORTED = ("loss", "epoch_time_s", "samples_per_s", "epoch")
-
-
-@dataclass(frozen=True)
-class SearchPlan:
-    cfg: Config  # the user's resolved config
-    base: dict  # what every trial starts from (the search metric evaluated every epoch)
-    storage: str  # absolute folder or URI
-    name: str
-    address: Optional[str] = None
-    dashboard: bool = False
-
-    @property
-    def experiment(self) -> str:
-        return f"{self.storage.rstrip('/')}/{self.name}"
+LOCK_FILE = ".augtune.lock"
+OPTUNA_FILE = "optuna.journal"  # Optuna's study: optuna.load_study(study_name="augtune", storage=...)
+LOG_FILE = "augtune.log"  # Ray's and Tune's own messages (augtune -v shows them on the console)
+FINISHED = ("TERMINATED", "ERROR")
 
 
-# -- validation, before Ray -------------------------------------------------------------------------
+class SearchInterrupted(RuntimeError):
+    """The search stopped before every trial finished (Ctrl-C); its state is saved."""
 
-def reported_metrics(cfg: Config) -> set[str]:
-    from augtune.eval import OUTPUTS
-
-    out = set(ALWAYS_REPORTED)
-    for family in (*cfg.eval.metrics, *cfg.eval.epoch_metrics):
-        out |= set(OUTPUTS[family])
-    return out
+    def __init__(self, experiment: str):
+        super().__init__(f"interrupted; finished trials are kept. Continue with: augtune resume {experiment}")
+        self.experiment = experiment
 
 
-def trial_base(cfg: Config) -> dict:
-    """The config every trial starts from: the search metric is evaluated every epoch, so that
-    schedulers (ASHA) and Tune's result checks see it in every report."""
-    from augtune.eval import OUTPUTS
-
-    family = next((f for f, names in OUTPUTS.items() if cfg.search.metric in names), None)
-    ev = cfg.eval
-    if family is not None:
-        epoch_metrics = ev.epoch_metrics if family in ev.epoch_metrics else (*ev.epoch_metrics, family)
-        ev = replace(ev, every=1, epoch_metrics=epoch_metrics)
-    return to_dict(replace(cfg, eval=ev))
-
-
-def check_metric(cfg: Config) -> None:
-    reported = reported_metrics(cfg)
-    if cfg.search.metric not in reported:
-        raise ConfigError(f"search.metric: no trial reports {cfg.search.metric!r} with these eval.metrics "
-                          f"(reported: {', '.join(sorted(reported))})")
-
-
-def check_trials(base: dict, space) -> None:
-    """Every point to evaluate and one sample of the space give a valid config (names included)."""
-    from augtune.spaces import sample_values
-
-    candidates = [*(("point", i + 1, p) for i, p in enumerate(space.points_to_evaluate)),
-                  ("sample", 1, sample_values(space, 0))]
-    for what, i, values in candidates:
-        try:
-            cfg = from_dict(set_values(base, values))
-            check_names(cfg)
-        except ConfigError as e:
-            raise ConfigError(f"search.space ({what} {i}): {e}") from None
-        if cfg.search.metric not in reported_metrics(cfg):
-            raise ConfigError(f"search.metric: {what} {i} of the space reports no {cfg.search.metric!r}")
-
-
-def resolve_storage(storage: str | None) -> str:
-    """An absolute folder (Ray needs one) or a URI Ray's pyarrow filesystem understands."""
-    if storage and "://" in storage:
-        import pyarrow.fs
-
-        try:
-            pyarrow.fs.FileSystem.from_uri(storage)
-        except Exception as e:  # pyarrow raises several types; the message is what matters
-            raise ConfigError(f"--storage: cannot use {storage}: {str(e).splitlines()[0]}") from None
-        return storage
-    path = Path(storage or "results").expanduser().resolve()
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--storage: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--storage: {existing} is not writable")
-    return str(path)
-
-
-def trial_resources(cfg: Config) -> dict[str, float]:
-    r = cfg.resources
-    if r.num_workers == 1 and not r.use_gpu:
-        return {"cpu": r.cpus_per_worker}
-    return {"cpu": DRIVER_CPU}
-
-
-def trial_needs(cfg: Config) -> dict[str, float]:
-    """Everything one trial holds while it runs: its own share plus its Train workers'."""
-    r = cfg.resources
-    if r.num_workers == 1 and not r.use_gpu:
-        return {"CPU": r.cpus_per_worker}
-    need = {"CPU": DRIVER_CPU + r.num_workers * r.cpus_per_worker}
-    if r.use_gpu:
-        need["GPU"] = r.num_workers * (r.gpus_per_worker or 1.0)
-    return need
-
-
-def plan_search(config: str | Path, overrides: list[str], *, storage: str | None = None,
-                name: str | None = None, address: str | None = None, dashboard: bool = False) -> SearchPlan:
-    """Validate everything about a search without starting Ray or writing a file."""
-    from augtune.data import DataError, load_dataset
-    from augtune.spaces import resolve_space
-
-    cfg = load_config(config, overrides)
-    if cfg.search.space is None:
-        raise ConfigError("search.space: a search needs a space: a registered name (simclr, byol, moco, "
-                          "simsiam) or an inline mapping {dotted key: domain}")
-    check_metric(cfg)
-    per = cfg.search.repeat_best.per
-    if per is not None:
-        from augtune.config import dotted_keys
-
-        if per not in dotted_keys():
-            raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
-    space = resolve_space(cfg.search)
-    base = trial_base(cfg)
-    check_trials(base, space)
-    try:
-        load_dataset(cfg.dataset)
-    except DataError as e:
-        raise ConfigError(str(e)) from None
-    if not address and cfg.resources.use_gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("resources.use_gpu: true, but this machine has no GPU (use --address for a cluster)")
-    storage = resolve_storage(storage)
-    label = cfg.search.space if isinstance(cfg.search.space, str) else "inline"
-    name = name or f"{label}-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
-    if "/" in name or not name.strip():
-        raise ConfigError(f"--name: {name!r} must be a plain folder name")
-    plan = SearchPlan(cfg, base, storage, name, address, dashboard)
-    if "://" not in storage and Path(plan.experiment).exists():
-        raise ConfigError(f"--name: {plan.experiment} already exists; continue it with `augtune resume "
-                          f"{plan.experiment}` or choose another name")
-    return plan
+class SearchFailed(RuntimeError):
+    """Every trial of the search failed; the message is the first one's reason."""
 
 
 # -- Ray ---------------------------------------------------------------------------------------------
 
 def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str, float]:
-    """Start a local Ray (sized for at least one trial) or join a cluster; return its resources."""
+    """Start a local Ray (sized for at least one trial, on loopback) or join a cluster; its resources."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # the metric is reported where read
+    # with verbose=0: no Tune tables, augtune's lines instead
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
 
     if ray.is_initialized():
         return ray.cluster_resources()
-    kwargs: dict[str, Any] = {"include_dashboard": dashboard, "log_to_driver": True}
+    import logging
+
+    quiet = not os.environ.get("AUGTUNE_VERBOSE")
+    # Ray's start-up messages stay off the console; its logger goes back to INFO afterwards, into the
+    # experiment's log file (augtune.search.progress.quiet_ray)
+    kwargs: dict[str, Any] = {"include_dashboard": dashboard, "log_to_driver": not quiet,
+                              "logging_level": logging.ERROR if quiet else logging.INFO}
     if address:
         kwargs["address"] = address
         # Nodes that do not have augtune installed get this checkout's package.
@@ -188,73 +73,74 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
     else:
         # "local": a Ray of its own, never one that ray.init() would otherwise find on this machine
         # (another search's, or the one /tmp/ray/ray_current_cluster names); RAY_ADDRESS still wins.
+        # Ray 2.60 cannot be held to loopback: it replaces a node address of 127.0.0.1 by the machine's
+        # own (services.resolve_ip_for_localhost), and its gRPC servers listen on every interface. What
+        # guards them is its token authentication (the default since 2.59), which a local search keeps
+        # on; the metrics exporter, which answers without a token, is off.
+        import math
+
+        check_local_auth()
         kwargs["address"] = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(trial_needs(plan_cfg)["CPU"]))
+        if not dashboard:
+            kwargs["_system_config"] = {"enable_metrics_collection": False}
+        os.environ.setdefault("RAY_ENABLE_RECORD_ACTOR_TASK_LOGGING", "0")
+    handlers = list(logging.getLogger("ray").handlers)
     ray.init(**kwargs)
+    ray_logger = logging.getLogger("ray")
+    ray_logger.setLevel(logging.INFO)
+    for h in handlers:  # ray.init replaces the handlers: the log file's comes back
+        if h not in ray_logger.handlers:
+            ray_logger.addHandler(h)
     return ray.cluster_resources()
 
 
-def concurrency(cfg: Config, cluster: dict[str, float]) -> int:
-    need = trial_needs(cfg)
-    fits = min(math.floor(cluster.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0)
-    if fits < 1:
-        have = ", ".join(f"{k} {cluster.get(k, 0):g}" for k in need)
-        raise ConfigError(f"resources: one trial needs {', '.join(f'{k} {v:g}' for k, v in need.items())}; "
-                          f"the cluster has {have}")
-    return min(fits, cfg.search.max_concurrent or fits)
+def check_local_auth() -> None:
+    """A local search's Ray keeps token authentication: its servers listen on the machine's address."""
+    mode = os.environ.get("RAY_AUTH_MODE", "token").lower()
+    if mode != "token":
+        raise ConfigError(f"RAY_AUTH_MODE={mode}: a local search runs Ray with token authentication (its "
+                          "servers listen on this machine's address); unset it, or run `ray start` yourself "
+                          "and pass --address")
 
 
-def _trainable(base: dict, cfg: Config):
+def _trainable(base: dict, cfg: Config, experiment: str, on_completed: Optional[Callable] = None):
+    """The trainable of an experiment whose Tune folder (or URI) is `experiment`."""
     from ray import tune
 
     from augtune.trainables.ray_trainable import tune_trial
 
-    return tune.with_resources(tune.with_parameters(tune_trial, base=base), trial_resources(cfg))
+    trainable = tune.with_parameters(tune_trial, base=base, experiment=experiment, on_completed=on_completed)
+    return tune.with_resources(trainable, trial_resources(cfg))
 
 
-def _searcher(cfg: Config):
-    """(search algorithm, param_space) for `search.algorithm` (see augtune.spaces for the rules)."""
-    from ray.tune.search.basic_variant import BasicVariantGenerator
-
-    from augtune.spaces import constants, grid_params, resolve_space, to_optuna_search_kwargs
-
-    s = cfg.search
-    space = resolve_space(s)
-    if s.algorithm == "grid":
-        return BasicVariantGenerator(), grid_params(space)
-    if s.algorithm == "random" and space.define_by_run is None:
-        return BasicVariantGenerator(points_to_evaluate=space.points_to_evaluate or None,
-                                     random_state=s.seed), dict(space.params)
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
-               else optuna.samplers.RandomSampler(seed=s.seed))
-    return OptunaSearch(**to_optuna_search_kwargs(space), metric=s.metric, mode=s.mode, sampler=sampler), \
-        constants(space)
-
-
-def _scheduler(cfg: Config):
-    if cfg.search.scheduler == "asha":
-        from ray.tune.schedulers import ASHAScheduler
-
-        # `epoch` rather than Tune's training_iteration: that one restarts after a restore.
-        return ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.search.grace_period,
-                             reduction_factor=cfg.search.reduction_factor)
-    return None
-
-
-def _run_config(cfg: Config, name: str, storage: str):
+def _run_config(cfg: Config, name: str, storage: str, callbacks: list):
     from ray import tune
 
     from augtune.search.callbacks import SettleRecords
+    from augtune.search.loggers import logger_callbacks
 
     return tune.RunConfig(
-        name=name, storage_path=storage,
+        name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        callbacks=[SettleRecords()],
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.search.keep_checkpoints),
+        callbacks=[SettleRecords(), *logger_callbacks(cfg, storage, name), *callbacks],
     )
+
+
+def _optuna_storage(plan: SearchPlan):
+    """Optuna's journal file in the experiment folder; in cloud storage, a local journal uploaded there
+    after every write (`storage.UploadedJournal`), which `augtune resume URI` downloads on any machine."""
+    if plan.cfg.search.algorithm == "grid":
+        return None
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from augtune.search.storage import UploadedJournal, is_uri
+
+    if is_uri(plan.experiment):
+        return JournalStorage(UploadedJournal(f"{plan.experiment}/{OPTUNA_FILE}"))
+    return JournalStorage(JournalFileBackend(str(Path(plan.experiment) / OPTUNA_FILE)))
 
 
 def _save_plan(plan: SearchPlan) -> None:
@@ -272,49 +158,208 @@ def _save_plan(plan: SearchPlan) -> None:
         (Path(plan.experiment) / SEARCH_FILE).write_text(text)
 
 
-def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False) -> SearchPlan:
-    path = Path(exp_dir).expanduser().resolve()
-    file = path / SEARCH_FILE
-    if not file.is_file():
-        raise ConfigError(f"{path}: not an augtune search folder (no {SEARCH_FILE})")
-    data = yaml.safe_load(file.read_text())
-    return SearchPlan(from_dict(data["config"]), data["base"], str(path.parent), path.name, address, dashboard)
+# -- one search per folder ----------------------------------------------------------------------------
+
+class Lock:
+    """`<experiment>/.augtune.lock` holding the owner's pid and host, while a search runs there. A lock
+    left by a process that is gone (same host, pid not alive) is taken over; any other is refused."""
+
+    def __init__(self, experiment: str):
+        self.path = None if "://" in experiment else Path(experiment) / LOCK_FILE
+
+    def __enter__(self) -> "Lock":
+        if self.path is None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale():
+                    owner = self._owner()
+                    raise ConfigError(
+                        f"{self.path.parent}: another search is running there (pid "
+                        f"{owner.get('pid')} on {owner.get('host')}); wait for it or use another "
+                        "--name"
+                    ) from None
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return self
+        raise ConfigError(f"{self.path}: cannot take the lock")
+
+    def _owner(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _stale(self) -> bool:
+        owner = self._owner()
+        if owner.get("host") != socket.gethostname():
+            return False  # another machine's search: only its owner knows
+        try:
+            pid = int(owner.get("pid", -1))
+            os.kill(pid, 0)
+        except (ProcessLookupError, ValueError, TypeError, OverflowError):
+            return True
+        except PermissionError:
+            return False
+        started = process_started(pid)  # a live pid that began after the lock was taken is another process
+        return started is not None and isinstance(owner.get("started"), (int, float)) \
+            and started > owner["started"] + 1.0
+
+    def __exit__(self, *exc) -> None:
+        if self.path is not None and self._owner().get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
 
 
-def run_search(plan: SearchPlan, log: Callable[[str], None] = print) -> None:
-    """Launch the search and, when asked, the repeat of its best configurations."""
+# -- running ----------------------------------------------------------------------------------------------
+
+def _fit(tuner) -> tuple[Any, dict[str, str]]:
+    """Run a Tuner (new or restored); its results and each trial's status as Tune's last step left it
+    (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one)."""
+    from augtune.search.callbacks import StepStatuses
+
+    run_config = tuner._local_tuner.get_run_config()
+    stepped = next((c for c in run_config.callbacks or [] if isinstance(c, StepStatuses)), None)
+    if stepped is None:
+        stepped = StepStatuses()
+        run_config.callbacks = [*(run_config.callbacks or []), stepped]
+    return tuner.fit(), stepped.statuses
+
+
+def _check_finished(results, plan: SearchPlan, expected: Optional[int], stepped: dict[str, str]) -> None:
+    """Raise SearchInterrupted when trials are left unfinished as Tune's last step left them (`stepped`:
+    an interrupted run's clean-up marks them ended), SearchFailed when all of them failed."""
+    trials = list(results._experiment_analysis.trials)
+    unfinished = [
+        t for t in trials if t.status not in FINISHED or stepped.get(t.trial_id, t.status) not in FINISHED
+    ]
+    if unfinished or (expected is not None and len(trials) < expected):
+        raise SearchInterrupted(plan.experiment)
+    if trials and all(t.status == "ERROR" for t in trials):
+        from augtune.search.status import error_line
+
+        first = next((error_line(Path(t.error_file)) for t in trials if t.error_file), "") or "see error.txt"
+        raise SearchFailed(f"every trial of {plan.experiment} failed; the first: {first}")
+
+
+def _expected(cfg: Config) -> Optional[int]:
+    """How many trials the search makes, when the searcher says so up front (Optuna: num_samples)."""
+    return cfg.search.num_samples if cfg.search.algorithm == "optuna" else None
+
+
+def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None) -> None:
+    """Launch the search and, when asked, the repeat of its best configurations (`on_completed`: what
+    each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
     from ray import tune
 
-    cluster = connect(plan.cfg, plan.address, plan.dashboard)
-    conc = concurrency(plan.cfg, cluster)
-    _save_plan(plan)
-    cfg = plan.cfg
-    search_alg, param_space = _searcher(cfg)
-    log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
-        f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})")
-    tuner = tune.Tuner(
-        _trainable(plan.base, cfg),
-        param_space=param_space,
-        tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
-                                    scheduler=_scheduler(cfg), num_samples=cfg.search.num_samples,
-                                    max_concurrent_trials=conc),
-        run_config=_run_config(cfg, plan.name, plan.storage),
-    )
-    results = tuner.fit()
-    repeat_best(plan, results, conc, log)
+    from augtune.search.searchers import restorable, scheduler, searcher
+    from augtune.spaces import resolve_space
+
+    with Lock(plan.experiment):  # before Ray starts: a folder in use is refused at once
+        cluster = connect(plan.cfg, plan.address, plan.dashboard)
+        conc = concurrency(plan.cfg, cluster)
+        _save_plan(plan)
+        cfg = plan.cfg
+        algorithm, param_space = searcher(cfg, resolve_space(cfg.search), _optuna_storage(plan))
+        log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
+            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})")
+        tuner = tune.Tuner(
+            _trainable(plan.base, cfg, plan.experiment, _search_phase(on_completed, cfg)),
+            param_space=param_space,
+            # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
+            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
+                                        search_alg=restorable(algorithm, conc), scheduler=scheduler(cfg),
+                                        num_samples=cfg.search.num_samples, reuse_actors=True),
+            run_config=_run_config(cfg, plan.name, plan.storage, callbacks or []),
+        )
+        results, stepped = _fit(tuner)
+        _check_finished(results, plan, _expected(cfg), stepped)
+        repeat_best(plan, results, conc, log, on_completed=on_completed, callbacks=callbacks)
 
 
-def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable[[str], None] = print) -> None:
+def repeat_tune_config(conc: int):
+    """The TuneConfig of a repeat phase: a grid of whole parameter sets, `conc` at a time, by a variant
+    generator that agrees with Tune's trials when restored (`searchers.ReplayingVariantGenerator`)."""
     from ray import tune
 
-    cluster = connect(plan.cfg, plan.address, plan.dashboard)
-    conc = concurrency(plan.cfg, cluster)
-    trainable = _trainable(plan.base, plan.cfg)
-    log(f"resuming {plan.experiment}")
-    tuner = tune.Tuner.restore(plan.experiment, trainable=trainable, resume_unfinished=True,
-                               resume_errored=not restart_errored, restart_errored=restart_errored)
-    results = tuner.fit()
-    repeat_best(plan, results, conc, log, restart_errored=restart_errored)
+    from augtune.search.searchers import ReplayingVariantGenerator, restorable
+
+    return tune.TuneConfig(search_alg=restorable(ReplayingVariantGenerator(), conc), reuse_actors=True)
+
+
+def _search_phase(on_completed: Optional[Callable], cfg: Config) -> Optional[Callable]:
+    """The end-of-run hook of the search's own trials: the figures are the repeat runs' when there is a
+    repeat phase (a figure per search trial, NRCC's UMAP say, costs seconds to minutes each)."""
+    return on_completed if cfg.search.repeat_best.top == 0 else None
+
+
+def check_trusted(experiment: str) -> None:
+    """`resume` unpickles Tune's state (`tuner.pkl`, the searcher's): refuse a folder, or files in it, that
+    someone else owns or may write (the search's own folder and every nested Tune experiment's).
+
+    In cloud storage (s3://, gs://) there are no owner or mode bits to read: objects carry neither, and who
+    may write them is the bucket's policy and IAM, which pyarrow cannot query. There the storage's access
+    control is the boundary: whoever may write the experiment's prefix can run code in `augtune resume`
+    (as in Tune's own `Tuner.restore`), so keep it in a bucket only you can write to (README)."""
+    if "://" in experiment:
+        return
+    folder = Path(experiment)
+    state = [p for pattern in ("*.pkl", "*/*.pkl", "*.json") for p in folder.glob(pattern)]
+    for path in [folder, folder / SEARCH_FILE, *(p.parent for p in state), *state]:
+        if not path.exists():
+            continue
+        st = path.stat()
+        if st.st_uid != os.getuid():
+            raise ConfigError(f"{path}: owned by another user (uid {st.st_uid}); resume loads pickled state "
+                              "from this folder, so it must be yours")
+        if st.st_mode & 0o022:
+            raise ConfigError(f"{path}: writable by others; resume loads pickled state from this folder, so "
+                              f"it must be yours alone (chmod go-w {path})")
+
+
+def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable[[str], None] = print,
+                  on_completed: Optional[Callable] = None, callbacks: Optional[list] = None) -> None:
+    """Finish the search phase, then (and only then) repeat the best of the whole search."""
+    from ray import tune
+
+    from augtune.search.loggers import only_chosen_loggers
+
+    check_trusted(plan.experiment)
+    only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with
+    trainable = _trainable(plan.base, plan.cfg, plan.experiment, _search_phase(on_completed, plan.cfg))
+    if not tune.Tuner.can_restore(plan.experiment):  # killed before Tune saved anything: start again
+        with Lock(plan.experiment):  # a search running there right now keeps its study
+            _clear_lost_start(plan)
+        log("no Tune state was saved yet: starting the search from the beginning")
+        return run_search(plan, log, on_completed, callbacks)
+    with Lock(plan.experiment):
+        prepare_restore(plan.experiment)
+        cluster = connect(plan.cfg, plan.address, plan.dashboard)
+        conc = concurrency(plan.cfg, cluster)
+        log(f"resuming {plan.experiment}")
+        tuner = tune.Tuner.restore(plan.experiment, trainable=trainable, resume_unfinished=True,
+                                   resume_errored=not restart_errored, restart_errored=restart_errored)
+        results, stepped = _fit(tuner)
+        _check_finished(results, plan, _expected(plan.cfg), stepped)
+        repeat_best(plan, results, conc, log, restart_errored=restart_errored, on_completed=on_completed,
+                    callbacks=callbacks)
+
+
+def _clear_lost_start(plan: SearchPlan) -> None:
+    """A driver killed right after it started left augtune's files but no Tune state: clear the study."""
+    from augtune.search.storage import delete, names
+
+    for name in names(plan.experiment):  # only augtune's own files can be here: Tune wrote none
+        if name not in (SEARCH_FILE, LOCK_FILE, OPTUNA_FILE, LOG_FILE):
+            raise ConfigError(f"{plan.experiment}: Tune's state is missing but {name} is there; move the "
+                              "folder aside and start the search again")
+    delete(plan.experiment, OPTUNA_FILE)
 
 
 def best_configs(results, cfg: Config) -> list[dict]:
@@ -333,7 +378,7 @@ def best_configs(results, cfg: Config) -> list[dict]:
         # configuration: repeat it once.
         base = params.get("method.base", cfg.method.base)
         label = "+".join([base, *params.get("method.augment", cfg.method.augment)])
-        read = {k: v for k, v in params.items() if key_applies(k, label)}
+        read = run_signature(params, label)
         if read in seen or taken.get(group, 0) == rb.top:
             continue
         seen.append(read)
@@ -343,7 +388,8 @@ def best_configs(results, cfg: Config) -> list[dict]:
 
 
 def repeat_best(plan: SearchPlan, results, conc: int, log: Callable[[str], None],
-                restart_errored: bool = False) -> None:
+                restart_errored: bool = False, on_completed: Optional[Callable] = None,
+                callbacks: Optional[list] = None) -> None:
     """Re-run the best configurations once per seed (a nested experiment, `repeat_best/`)."""
     from ray import tune
 
@@ -351,8 +397,10 @@ def repeat_best(plan: SearchPlan, results, conc: int, log: Callable[[str], None]
     if rb.top == 0:
         return
     storage = plan.experiment
-    trainable = _trainable(plan.base, plan.cfg)
-    if "://" not in storage and (Path(storage) / REPEAT_DIR).exists():
+    trainable = _trainable(plan.base, plan.cfg, f"{storage}/{REPEAT_DIR}", on_completed)
+    expected = None  # a restored repeat: its unfinished trials say whether it is done
+    if tune.Tuner.can_restore(f"{storage}/{REPEAT_DIR}"):  # a folder or a URI
+        prepare_restore(f"{storage}/{REPEAT_DIR}")
         tuner = tune.Tuner.restore(f"{storage}/{REPEAT_DIR}", trainable=trainable, resume_unfinished=True,
                                    resume_errored=not restart_errored, restart_errored=restart_errored)
     else:
@@ -361,8 +409,11 @@ def repeat_best(plan: SearchPlan, results, conc: int, log: Callable[[str], None]
             log("repeat_best: no finished trial to repeat")
             return
         runs = [{**params, "train.seed": seed} for params in best for seed in rb.seeds]
+        expected = len(runs)  # an interrupted repeat may not have created its pending trials yet
         log(f"repeat_best: {len(best)} configuration(s) x {len(rb.seeds)} seeds")
         tuner = tune.Tuner(trainable, param_space={"_repeat": tune.grid_search(runs)},
-                           tune_config=tune.TuneConfig(max_concurrent_trials=conc),
-                           run_config=_run_config(plan.cfg, REPEAT_DIR, storage))
-    tuner.fit()
+                           tune_config=repeat_tune_config(conc),
+                           run_config=_run_config(plan.cfg, REPEAT_DIR, storage, callbacks or []))
+    results, stepped = _fit(tuner)
+    # an interrupted repeat resumes from the search's folder
+    _check_finished(results, plan, expected, stepped)

@@ -5,7 +5,8 @@
         train.lr: loguniform(1e-4, 1e-1)          # float, log-uniform on [a, b]; 0 < a < b
         train.temperature: uniform(0.05, 1.0)     # float, uniform on [a, b]; a < b
         train.warmup_epochs: quniform(0, 10, 2)   # float, uniform on the multiples of q in [a, b];
-                                                  #   q > 0, a and b multiples of q (Tune and Optuna agree then)
+                                                  #   q > 0, a and b multiples of q (Tune and Optuna
+                                                  #   agree then)
         model.num_layers: randint(2, 5)           # integer in [a, b): b exclusive, as tune.randint
         model.hidden_dim: lograndint(64, 2049)    # integer, log-uniform in [a, b); 0 < a < b
         method.base: choice([simclr, byol])       # one of the values, sampled
@@ -98,6 +99,9 @@ def contains(value: Any, x: Any) -> bool:
     return x == value
 
 
+MAX_STEPS = 1e12  # values a quniform may take: beyond this it is a float range with a typo in q
+
+
 def _numbers(key: str, name: str, args: list, count: int, integer: bool = False) -> list:
     what = "integers" if integer else "numbers"
     if len(args) != count or any(isinstance(a, (list, dict)) for a in args):
@@ -132,6 +136,10 @@ def _call(key: str, name: str, args: list) -> Any:
         a, b, q = _numbers(key, name, args, 3)
         if q <= 0 or not a < b:
             raise _error(key, f"quniform({a}, {b}, {q}) needs a < b and q > 0")
+        if not (b - a) / q <= MAX_STEPS:  # also inf and nan: an overflowing range
+            raise _error(
+                key, f"quniform({a}, {b}, {q}) has more than {MAX_STEPS:.0e} steps; choose a coarser q"
+            )
         for bound in (a, b):  # Tune rounds to multiples of q, Optuna steps from a: agree only then
             if abs(bound / q - round(bound / q)) > 1e-9:
                 raise _error(key, f"quniform({a}, {b}, {q}) needs a and b to be multiples of q")
@@ -142,6 +150,8 @@ def _call(key: str, name: str, args: list) -> Any:
             raise _error(key, f"{name}({a}, {b}) needs a > 0 (log scale)")
         if not a < b:
             raise _error(key, f"{name}({a}, {b}) needs a < b (b is exclusive)")
+        if max(abs(a), abs(b)) > 2**63 - 1:  # the samplers draw 64-bit integers
+            raise _error(key, f"{name}({a}, {b}) is beyond 64-bit integers")
         return tune.randint(a, b) if name == "randint" else tune.lograndint(a, b)
     raise _error(key, f"unknown function {name!r}")
 

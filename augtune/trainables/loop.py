@@ -7,27 +7,54 @@ checkpoints that continue a run exactly (models, optimisers, RNG states, MoCo's 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 import torch
 from torch import nn
 
-from augtune.config import Config, to_dict
+from augtune.config import Config, parse_duration, to_dict
+from augtune.data.batches import batches, on_device
 from augtune.data.views import build_view
-from augtune.eval import evaluate
+from augtune.eval import evaluate, extract_features
 from augtune.methods import Batch, OptimizerSpec, StepInfo, build_method
-from augtune.trainables.phases import parse_phases, phase_names
+from augtune.methods.base import Update
+from augtune.methods.losses import allreduce_gradients
+from augtune.phases import parse_phases, phase_names
 
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the message names the epoch and the step."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot continue this run (truncated, foreign, another model); one line."""
+
+
 class EpochCallback(Protocol):
     def __call__(self, trainer: "Trainer", metrics: dict, checkpoint: Optional[Path]) -> None: ...
+
+
+def _first_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+    return text[:200]
+
+
+def checkpoint_due(epoch: int, last: int, every: int | str | None, since_last_s: float = 0.0,
+                   default: int | str = 1) -> bool:
+    """The one checkpoint rule: after the run's last epoch (or the last one asked for), and every
+    `every` epochs, or once `every` (a duration, "5min") has passed since the last checkpoint
+    (`train.checkpoint_every`; 0: only the last; None: `default`)."""
+    every = default if every is None else every
+    if epoch == last:
+        return True
+    if isinstance(every, str):
+        return since_last_s >= parse_duration(every)
+    return bool(every and epoch % every == 0)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -58,33 +85,6 @@ def make_optimizer(spec: OptimizerSpec, train) -> torch.optim.Optimizer:
     return cls(spec.params, lr=lr, weight_decay=wd)
 
 
-@torch.no_grad()
-def allreduce_gradients(params: list[torch.Tensor], world_size: int) -> None:
-    """Average gradients over DDP ranks in one flat all-reduce (a missing gradient counts as 0).
-
-    Done by hand rather than by wrapping in DistributedDataParallel: phases leave whole networks
-    without gradients, and one flat buffer keeps every rank's reduction identical and in one call.
-    """
-    import torch.distributed as dist
-
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
-        offset += n
-
-
-@torch.no_grad()
-def extract_features(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int,
-                     device: torch.device) -> torch.Tensor:
-    """fn over x in batches on `device`; features come back as float32 on the CPU."""
-    return torch.cat([fn(x[i:i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)])
-
-
 class Trainer:
     """Trains `cfg`'s method on `data` (a DataSplit). Rank/world describe a DDP process group."""
 
@@ -98,20 +98,29 @@ class Trainer:
         self.bf16 = self.device.type == "cuda" and t.precision in ("auto", "bf16")
         if t.batch_size % world_size:
             raise ValueError(f"train.batch_size: {t.batch_size} does not split over {world_size} workers")
-        n = len(data.x_train)
+        x_fit, y_fit = data.pretrain()  # x_train, then any unlabelled images (STL-10's): what is trained on
+        n = len(x_fit)
         if n < t.batch_size:
-            raise ValueError(f"train.batch_size: {t.batch_size} is larger than the training set ({n} samples)")
+            raise ValueError(
+                f"train.batch_size: {t.batch_size} is larger than the training set ({n} samples)"
+            )
         self.steps_per_epoch = n // t.batch_size  # drop_last: every step sees a full global batch
         self.total_steps = self.steps_per_epoch * t.epochs
 
         torch.manual_seed(t.seed)  # weights, MoCo's queue and the first views follow from the seed
         self.method = build_method(cfg, data).to(self.device)
+        self.memory_format = torch.channels_last if t.channels_last and data.modality == "image" else None
+        if self.memory_format is not None:
+            self.method = self.method.to(memory_format=self.memory_format)
+        if t.compile:
+            self.method.objective.encoder.backbone.compile()
         self.view = build_view(cfg.view, data.modality, tuple(data.shape)).to(self.device)
-        self.x_train = data.x_train.to(self.device)
-        self.y_train = data.y_train.to(self.device)
+        self.x_train = on_device(x_fit, self.device)  # uint8 images: float per batch; streamed files stay
+        self.y_train = y_fit.to(self.device)
 
         schedule = t.phases or self.method.default_phases()
         self.phases = parse_phases(schedule, t.epochs)
+        self.forward = self._wrap_ddp() if world_size > 1 else self.method
         self.specs = self.method.optimizer_specs()
         known = {p for s in self.specs if s.phases for p in s.phases}
         unknown = phase_names(schedule) - known
@@ -127,6 +136,12 @@ class Trainer:
         self.global_step = 0
         self.history: list[dict] = []
         self.references: dict[str, dict] = {}
+        self.diagnostics: dict[str, float] = {}  # the method's diagnostics of the last epoch trained
+        self.final: dict = {}  # end-of-run evaluation + the method's diagnostics of the last epoch
+        # wall and CPU seconds this process spent on each part of the run (the record keeps them: where the
+        # time went; CPU is this process's, all its threads, which a busy machine does not inflate)
+        self.seconds: dict[str, float] = dict.fromkeys(("references", "train", "eval", "checkpoint"), 0.0)
+        self.cpu_seconds: dict[str, float] = dict(self.seconds)
 
     # -- one epoch ------------------------------------------------------------------------------
 
@@ -142,93 +157,181 @@ class Trainer:
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * f
 
+    def _wrap_ddp(self) -> nn.Module:
+        """The method under DistributedDataParallel: gradients are averaged in buckets while the backward
+        pass still runs (overlapped), instead of one all-reduce after it. Phases leave whole networks
+        without gradients (find_unused_parameters); each rank keeps its own BatchNorm statistics, as a
+        single process of the global batch keeps one set (broadcast_buffers off)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if self.cfg.model.sync_bn:
+            self.method = nn.SyncBatchNorm.convert_sync_batchnorm(self.method)
+        device_ids = (
+            [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
+        )
+        with warnings.catch_warnings():  # broadcast_buffers=False is still the way to keep rank-local buffers
+            warnings.simplefilter("ignore", FutureWarning)
+            # an augmentation's own networks (CoCor's MMNN, a generator outside its phase) miss the forward
+            unused = bool(self.method.augments) or len(set(self.phases)) > 1
+            return DistributedDataParallel(self.method, device_ids=device_ids, find_unused_parameters=unused,
+                                           broadcast_buffers=False)
+
+    def _step(self, optimizers: list[torch.optim.Optimizer], params: list[torch.Tensor],
+              reduced: bool = False) -> None:
+        """Every optimiser step goes through here: gradients averaged over ranks (unless DDP's backward
+        already did: `reduced`), clipped, applied."""
+        if self.world_size > 1 and not reduced:
+            allreduce_gradients(params, self.world_size)
+        if self.cfg.train.grad_clip:
+            nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
+        for opt in optimizers:
+            opt.step()
+
+    def _update(self, name: str, *, loss: Optional[torch.Tensor] = None,
+                grads: Optional[list[Optional[torch.Tensor]]] = None) -> None:
+        """An augmentation's own update of optimiser `name` (see :class:`augtune.methods.base.Update`)."""
+        opt = self.optimizers[name]
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if loss is not None:
+            loss.backward()
+        if grads is not None:
+            for p, g in zip(params, grads, strict=True):
+                p.grad = None if g is None else g.to(p.dtype)
+        self._step([opt], params)
+        opt.zero_grad(set_to_none=True)
+
+    def _views(self, x: torch.Tensor, batch: int, mine: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two views of this rank's rows `x` of a global batch of `batch`: every rank draws the random
+        parameters of the whole global batch (the stream one process would draw) and makes only its
+        own rows' views, so DDP reproduces one big batch at 1/world of the view work."""
+        out = []
+        for _ in range(2):
+            params = self.view.sample(batch, x)
+            out.append(self.view.apply(x, {k: v[mine] for k, v in params.items()}))
+        return out[0], out[1]
+
     def train_epoch(self) -> dict:
         t, epoch = self.cfg.train, self.epoch
         phase = self.phases[epoch]
         active = [self.optimizers[s.name] for s in self.specs
                   if not s.manual and (s.phases is None or phase in s.phases)]
+        params = [p for o in active for g in o.param_groups for p in g["params"]]
+        update: Update = self._update
         self.method.train()
         self.method.on_epoch_start(StepInfo(epoch, self.global_step, self.total_steps, phase))
         order = self._order(epoch).to(self.device)
         b_local = t.batch_size // self.world_size
+        mine = slice(self.rank * b_local, (self.rank + 1) * b_local)
+        # global
+        steps = [order[i * t.batch_size:(i + 1) * t.batch_size] for i in range(self.steps_per_epoch)]
+        rows = batches(self.x_train, [idx[mine] for idx in steps], self.device, self.cfg.dataset.workers)
         sums: dict[str, torch.Tensor] = {}
         start = time.perf_counter()
-        for i in range(self.steps_per_epoch):
-            idx = order[i * t.batch_size:(i + 1) * t.batch_size]  # the global batch
-            x = self.x_train[idx]
-            # Views of the whole global batch on every rank, then this rank's slice: the RNG stream
-            # is the same on every rank and as in one process, so DDP reproduces one big batch.
-            views = [self.view(x), self.view(x)]
-            mine = slice(self.rank * b_local, (self.rank + 1) * b_local)
-            batch = Batch(x=x[mine], views=[v[mine] for v in views], index=idx[mine], y=self.y_train[idx][mine])
-            info = StepInfo(epoch, self.global_step, self.total_steps, phase)
+        for i, (idx, x) in enumerate(zip(steps, rows)):  # x: this rank's rows only, float on the device
+            if self.memory_format is not None:
+                x = x.contiguous(memory_format=self.memory_format)
+            batch = Batch(
+                x=x, views=self._views(x, t.batch_size, mine), index=idx[mine], y=self.y_train[idx[mine]]
+            )
             self._set_lr()
+            info = StepInfo(epoch, self.global_step, self.total_steps, phase, lr=self._encoder_lr(),
+                            autocast=self.bf16)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                loss, terms = self.method(batch, info)
+                loss, terms, batch = self.forward(batch, info)
             if not torch.isfinite(loss):
                 raise NonFiniteLoss(f"loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
                                     f"(global step {self.global_step + 1})")
             loss.backward()
-            params = [p for o in active for g in o.param_groups for p in g["params"]]
-            if self.world_size > 1:
-                allreduce_gradients(params, self.world_size)
-            if t.grad_clip:
-                nn.utils.clip_grad_norm_(params, t.grad_clip)
-            for opt in active:
-                opt.step()
+            self._step(active, params, reduced=self.forward is not self.method)
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
-            self.method.after_step(batch, info, self.optimizers)
+            self.method.after_step(batch, info, update)
             self.global_step += 1
             for k, v in {"loss": loss.detach(), **terms}.items():
                 sums[k] = sums.get(k, 0) + v.float()
         elapsed = time.perf_counter() - start
-        if self.world_size > 1:  # report the mean over ranks, as one process would
+        metrics = {"epoch": epoch + 1}
+        if phase:
+            metrics["phase"] = phase
+        metrics.update(self._epoch_losses(sums))
+        self.diagnostics = self.method.epoch_metrics()  # this rank's (rank 0 reports)
+        metrics.update(self.diagnostics)
+        metrics["epoch_time_s"] = elapsed
+        metrics["samples_per_s"] = self.steps_per_epoch * t.batch_size / elapsed
+        self.epoch += 1
+        return metrics
+
+    def _encoder_lr(self) -> float:
+        opt = self.optimizers.get("encoder")
+        return opt.param_groups[0]["lr"] if opt is not None else self.cfg.train.lr
+
+    def _epoch_losses(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Mean loss and terms over the epoch's steps (the mean over ranks, as one process would)."""
+        if self.world_size > 1:
             import torch.distributed as dist
 
             keys = sorted(sums)
             flat = torch.stack([sums[k] for k in keys])
             dist.all_reduce(flat)
             sums = dict(zip(keys, flat / self.world_size))
-        metrics = {"epoch": epoch + 1}
-        if phase:
-            metrics["phase"] = phase
+        out = {}
         for k, v in sums.items():
             name = k if k == "loss" else f"loss_{k}"
             if name != "loss_contrast" or len(sums) > 2:  # the only term equals `loss` itself
-                metrics[name] = v.item() / self.steps_per_epoch
-        metrics.update(self.method.epoch_metrics())  # this rank's diagnostics (rank 0 reports)
-        metrics["epoch_time_s"] = elapsed
-        metrics["samples_per_s"] = self.steps_per_epoch * t.batch_size / elapsed
-        self.epoch += 1
-        return metrics
+                out[name] = v.item() / self.steps_per_epoch
+        return out
 
     # -- evaluation ------------------------------------------------------------------------------
 
-    def _eval_features(self, fn) -> tuple[torch.Tensor, torch.Tensor]:
-        bs = self.cfg.eval.batch_size
-        return (extract_features(fn, self.data.x_train, bs, self.device),
-                extract_features(fn, self.data.x_test, bs, self.device))
+    def _eval_batch(self) -> int:
+        return self.cfg.eval.batch_size or (1024 if self.device.type == "cuda" else 256)
 
-    def evaluate(self, metrics: tuple[str, ...], fn=None) -> dict:
-        """Metrics of the features `fn` (default: the method's backbone) on train/test."""
+    def _monitor_index(self, n: int, split: str) -> Optional[torch.Tensor]:
+        """A fixed, seeded subsample of a split for per-epoch monitoring (None: the whole split)."""
+        size = self.cfg.eval.monitor_size
+        if size is None or n <= size:
+            return None
+        # the same samples every epoch and run
+        g = torch.Generator().manual_seed(0 if split == "train" else 1)
+        return torch.sort(torch.randperm(n, generator=g)[:size]).values
+
+    def evaluate(
+        self, metrics: tuple[str, ...], fn=None, monitor: bool = False, seed: Optional[int] = None
+    ) -> dict:
+        """Metrics of the features `fn` (default: the method's backbone) on train/test; `monitor`: on
+        the per-epoch subsample of each split."""
         if not metrics:
             return {}
+        d = self.data
+        (x_tr, y_tr), (x_te, y_te) = (d.x_train, d.y_train), (d.x_test, d.y_test)
+        i_tr = i_te = None  # rows evaluated (None: all)
+        if monitor:
+            i_tr, i_te = self._monitor_index(len(x_tr), "train"), self._monitor_index(len(x_te), "test")
+            y_tr = y_tr if i_tr is None else y_tr[i_tr]
+            y_te = y_te if i_te is None else y_te[i_te]
         was_training = self.method.training
         self.method.eval()
         try:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                train_f, test_f = self._eval_features(fn or self.method.features)
+                fn = fn or self.method.features
+                bs, workers = self._eval_batch(), self.cfg.dataset.workers
+                train_f = extract_features(fn, x_tr, bs, self.device, index=i_tr, workers=workers)
+                test_f = extract_features(fn, x_te, bs, self.device, index=i_te, workers=workers)
         finally:
             self.method.train(was_training)
-        return evaluate(train_f, self.data.y_train, test_f, self.data.y_test, self.data.num_classes,
-                        self.cfg.eval, metrics, seed=self.cfg.train.seed)
+        return evaluate(train_f, y_tr, test_f, y_te, d.num_classes, self.cfg.eval, metrics,
+                        seed=self.cfg.train.seed if seed is None else seed)
 
     def evaluate_references(self) -> dict[str, dict]:
-        """`raw`: the input itself as the feature; `random-init`: the untrained backbone (call first)."""
-        metrics = self.cfg.eval.metrics
-        return {"raw": self.evaluate(metrics, fn=lambda x: x.flatten(1)),
-                "random-init": self.evaluate(metrics)}
+        """`raw`: the input itself as the feature; `random-init`: the untrained backbone (call first).
+        Each is read from `eval.reference_cache` when a run with the same inputs computed it before."""
+        from augtune.trainables.references import cached
+
+        metrics, cfg = self.cfg.eval.metrics, self.cfg
+        return {  # raw does not depend on the seed: evaluated with seed 0, once per data set
+            "raw": cached(cfg, "raw", lambda: self.evaluate(metrics, fn=lambda x: x.flatten(1), seed=0)),
+            "random-init": cached(cfg, "random-init", lambda: self.evaluate(metrics)),
+        }
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -241,6 +344,7 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "history": self.history,
             "references": self.references,
+            "final": self.final,
             "config": to_dict(self.cfg),
         }
         if self.device.type == "cuda":
@@ -256,16 +360,49 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng_cuda"], self.device)
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.history, self.references = list(state["history"]), dict(state["references"])
+        self.final = dict(state.get("final", {}))
+
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        """Adds the wall and CPU time of the block to `self.seconds[part]` and `self.cpu_seconds[part]`."""
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - start
+            self.cpu_seconds[part] = self.cpu_seconds.get(part, 0.0) + time.process_time() - cpu
 
     def save_checkpoint(self, path: Path) -> Path:
-        path = Path(path)
+        with self.timed("checkpoint"):
+            return self._save_checkpoint(Path(path))
+
+    def _save_checkpoint(self, path: Path) -> Path:
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(self.state_dict(), tmp)
+        try:
+            with open(tmp, "wb") as f:  # our own file: its errors reach torch's writer as OSError
+                torch.save(self.state_dict(), f)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)  # a half-written file would keep a full disk full
+            if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):
+                raise e.__context__ from None  # torch says "unexpected pos"; the file said "no space left"
+            raise
         tmp.replace(path)  # atomic: a crash mid-save keeps the previous checkpoint
         return path
 
     def load_checkpoint(self, path: Path) -> None:
-        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=True))
+        """Continue from `path`; anything but a checkpoint of this very run is a CheckpointError."""
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as e:  # truncated, not a torch file, or objects weights_only refuses
+            raise CheckpointError(f"{path}: not a readable checkpoint ({_first_line(e)})") from None
+        if not isinstance(state, dict) or not {"method", "optimizers", "epoch", "global_step"} <= set(state):
+            raise CheckpointError(f"{path}: not an augtune checkpoint (no method, optimiser and epoch state)")
+        try:
+            self.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:  # another model, method or optimiser
+            raise CheckpointError(
+                f"{path}: does not fit this config's model and method ({_first_line(e)})"
+            ) from None
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -279,22 +416,28 @@ class Trainer:
         c, t = self.cfg, self.cfg.train
         lead = self.rank == 0
         if self.epoch == 0 and c.eval.references and not self.references:
-            self.references = self.evaluate_references() if lead else {}
+            with self.timed("references"):
+                self.references = self.evaluate_references() if lead else {}
         last = t.epochs if stop_after is None else min(t.epochs, stop_after)
-        final: dict = {}
+        every = 1 if c.eval.every is None else c.eval.every  # None: every epoch (a search sets 0)
+        last_ckpt = time.monotonic()
         while self.epoch < last:
-            metrics = self.train_epoch()
+            with self.timed("train"):
+                metrics = self.train_epoch()
             e = self.epoch
-            if e == t.epochs:
-                final = self.evaluate(c.eval.metrics) if lead else {}
-                metrics.update(final)
-            elif c.eval.every and e % c.eval.every == 0 and lead:
-                metrics.update(self.evaluate(c.eval.epoch_metrics))
+            with self.timed("eval"):
+                if e == t.epochs:
+                    evaluated = self.evaluate(c.eval.metrics) if lead else {}
+                    metrics.update(evaluated)
+                    self.final = {**evaluated, **self.diagnostics} if lead else {}
+                elif lead and (e in c.eval.at or (every and e % every == 0)):
+                    metrics.update(self.evaluate(c.eval.epoch_metrics, monitor=True))
             self.history.append(metrics)
             ckpt = None
-            if lead and checkpoint_path is not None and (
-                    e == last or (t.checkpoint_every and e % t.checkpoint_every == 0)):
+            if lead and checkpoint_path is not None and checkpoint_due(e, last, t.checkpoint_every,
+                                                                       time.monotonic() - last_ckpt):
                 ckpt = self.save_checkpoint(checkpoint_path)
+                last_ckpt = time.monotonic()
             if on_epoch_end is not None:
                 on_epoch_end(self, metrics, ckpt)
-        return final
+        return self.final

@@ -10,30 +10,39 @@ Two paths, with the same checkpoints, reports and records:
   gradients are averaged over ranks (gloo on CPU, NCCL on GPU), rank 0 evaluates, reports and
   checkpoints; a restarted run continues from ``ray.train.get_checkpoint()``.
 
-A checkpoint folder holds ``checkpoint.pt`` and the run's ``record.json`` so far; the trial folder
-gets the final ``record.json`` (the one `augtune.analysis` reads).
+A checkpoint folder holds ``checkpoint.pt`` and the run's ``record.json`` so far; the trial's folder
+of the experiment gets ``record.json`` itself (the one `augtune.analysis` reads), written there
+directly (:class:`TrialFolder`), never through Tune's staging copy.
 """
 from __future__ import annotations
 
+import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from augtune.config import Config, from_dict, set_values, to_dict
-from augtune.plots import end_of_run_figures
-from augtune.records import CHECKPOINT_FILE, RECORD_FILE, now, read_record, write_record
+from augtune.config import Config, from_dict, method_label, set_values, to_dict
+from augtune.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord
+
+if TYPE_CHECKING:
+    from augtune.trainables.run import OnCompleted
+
+
+# a trial's default (train.checkpoint_every: None): a short epoch's checkpoint
+SEARCH_CHECKPOINT_EVERY = "5min"
+# can cost more than the epoch; a lost trial then restarts at most this much work earlier
+
+
+def runs_in_process(cfg: Config) -> bool:
+    """The one predicate: a one-worker CPU trial runs the loop inside the Tune trial itself."""
+    r = cfg.resources
+    return r.num_workers == 1 and not r.use_gpu
+
 
 def trial_config(params: dict, base: dict) -> Config:
     """The Config of one trial: the search's base config (a dict) with the trial's dotted parameters."""
     return from_dict(set_values(base, params))
-
-
-def _report_checkpoint(trainer, record: dict, report: Callable, metrics: dict, Checkpoint) -> None:
-    """Write checkpoint.pt + record.json into a temporary folder and report it with the metrics."""
-    with tempfile.TemporaryDirectory(prefix="augtune-ckpt-") as tmp:
-        trainer.save_checkpoint(Path(tmp) / CHECKPOINT_FILE)
-        write_record(Path(tmp), record)
-        report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
 
 def _tune_metrics(metrics: dict) -> dict:
@@ -41,94 +50,166 @@ def _tune_metrics(metrics: dict) -> dict:
 
 
 def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callable, report: Callable,
-             Checkpoint, trial_dir: str | None = None) -> None:
+             Checkpoint, folder: TrialFolder | None = None, on_completed: OnCompleted | None = None,
+             about: dict | None = None) -> None:
     """The loop under Ray: resume from the reported checkpoint, report every epoch (rank 0).
 
-    With `trial_dir` (the in-trial path, where this process owns the trial folder), the record is
-    also kept up to date there, including a NaN failure's reason.
+    With `folder` (the in-trial path, where this process owns the trial's folder), the record is kept
+    up to date there from the start, including a NaN failure's reason, and `on_completed` runs there.
     """
     import ray
 
     from augtune.data import load_dataset
-    from augtune.trainables.loop import NonFiniteLoss, Trainer
-    from augtune.trainables.run import start_record
+    from augtune.trainables.loop import Trainer, checkpoint_due
+    from augtune.trainables.run import RunLife, start_record
 
+    started = _process_start_s()  # before this trial's own set-up
+    start, cpu = time.perf_counter(), time.process_time()
     data = load_dataset(cfg.dataset)
     trainer = Trainer(cfg, data, rank=rank, world_size=world_size, log=lambda s: None)
+    # data and model; and what the process spent before its first trial (CPU: see _process_start_s)
+    trainer.seconds.update(setup=time.perf_counter() - start, start=started)
+    trainer.cpu_seconds.update(setup=time.process_time() - cpu, start=started)
     record = start_record(cfg)
+    record.data.update(about or {})  # what the search knows of this trial: its parameters, its phase
     ckpt = get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
             if (Path(d) / RECORD_FILE).exists():
-                record = read_record(Path(d))
+                record = RunRecord.read(Path(d))
+    finished = record.status == "completed" and trainer.epoch >= cfg.train.epochs
+    if not finished:
+        record.resumed()
     # Where each (re)start of the trial ran: Ray node ids, for provenance and fault analysis.
-    record.setdefault("nodes", []).append(ray.get_runtime_context().get_node_id())
+    record.data.setdefault("nodes", []).append(ray.get_runtime_context().get_node_id())
+    life = RunLife(trainer, record, folder.local if folder else None, on_completed, log=print,
+                   published=folder.publish if folder else None)
+    # On disk at once: a trial restored from its last checkpoint trains no epoch, and its folder may hold
+    # an older record than that checkpoint's (the driver died between the two).
+    life.write()
+    if finished:
+        return
+    last_ckpt = [time.monotonic()]
 
-    def on_epoch_end(tr, metrics: dict, _ckpt) -> None:
-        record["epochs"] = list(tr.history)
-        record["references"] = tr.references
-        if tr.epoch == cfg.train.epochs:
-            record.update(status="completed", final={k: metrics[k] for k in _final_keys(metrics)},
-                          finished=now())
-            if trial_dir:  # the in-trial path owns its folder; a DDP worker has none to draw into
-                end_of_run_figures(tr, Path(trial_dir), record, log=print)
-        if trial_dir:  # before the report: a scheduler may stop the trial right there
-            write_record(Path(trial_dir), record)
-        every = cfg.train.checkpoint_every
-        wants_ckpt = tr.epoch == cfg.train.epochs or (every and tr.epoch % every == 0)
-        if rank == 0 and wants_ckpt:
-            _report_checkpoint(tr, record, report, _tune_metrics(metrics), Checkpoint)
+    def report_epoch(tr, metrics: dict, _ckpt) -> None:
+        # the record is written before the report: a scheduler may stop the trial right there
+        due = checkpoint_due(tr.epoch, cfg.train.epochs, cfg.train.checkpoint_every,
+                             time.monotonic() - last_ckpt[0], default=SEARCH_CHECKPOINT_EVERY)
+        if rank == 0 and due:
+            last_ckpt[0] = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="augtune-ckpt-") as tmp:
+                tr.save_checkpoint(Path(tmp) / CHECKPOINT_FILE)
+                record.write(Path(tmp))
+                report(_tune_metrics(metrics), checkpoint=Checkpoint.from_directory(tmp))
         else:
             report(_tune_metrics(metrics) if rank == 0 else {})
 
-    try:
-        trainer.fit(None, on_epoch_end)
-    except NonFiniteLoss as e:
-        record.update(status="failed", error=str(e), finished=now(), epochs=list(trainer.history))
-        if trial_dir:
-            write_record(Path(trial_dir), record)
-        raise
+    life.fit(None, report_epoch)
 
 
-_FINAL_SKIP = {"epoch", "phase", "loss", "epoch_time_s", "samples_per_s"}
+_TRIALS_IN_PROCESS = [0]
 
 
-def _final_keys(metrics: dict) -> list[str]:
-    return [k for k in metrics if k not in _FINAL_SKIP and not k.startswith("loss_")]
+def _process_start_s() -> float:
+    """CPU seconds this process spent before its first trial (its imports, Ray's worker start-up); 0 for a
+    later trial of a reused process. CPU, not wall: Ray starts idle workers ahead of the trials they get."""
+    _TRIALS_IN_PROCESS[0] += 1
+    return 0.0 if _TRIALS_IN_PROCESS[0] > 1 else time.process_time()
 
 
-def tune_trial(params: dict, base: dict) -> None:
+def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None) -> None:
     """The Tune function trainable of every augtune trial (see the module docstring).
 
     `params`: the trial's sampled {dotted key: value}; `base`: the search's resolved config as a
-    dict (bound with `tune.with_parameters`, so it is not part of every result row).
+    dict, `experiment`: the Tune experiment's folder or URI (the trials' folders are in it), and
+    `on_completed`: what runs in the trial's folder when it has completed (the CLI's end-of-run
+    figures), all bound with `tune.with_parameters`.
     """
+    phase = "repeat" if "_repeat" in params else "search"
     params = params.get("_repeat", params)  # repeat-best trials carry their whole parameter set
     cfg = trial_config(params, base)
-    r = cfg.resources
-    if r.num_workers == 1 and not r.use_gpu:
-        return _in_trial(cfg)
-    return _train_driver(cfg)
+    about = {"params": dict(params), "phase": phase, "entrant": method_label(cfg), "process": os.getpid()}
+    folder = TrialFolder(experiment)
+    if runs_in_process(cfg):
+        return _in_trial(cfg, folder, on_completed, about)
+    return _train_driver(cfg, folder, about)
 
 
-def _in_trial(cfg: Config) -> None:
+def isolate_trial(cfg: Config) -> None:
+    """Reset what one trial could leave behind for the next in a reused worker process: torch's thread
+    count and default dtype, and every global random generator (the Trainer reseeds torch's own)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    # as many threads as CPUs the trial holds: no oversubscription
+    torch.set_num_threads(cfg.train.num_threads or max(1, int(cfg.resources.cpus_per_worker)))
+    torch.set_default_dtype(torch.float32)
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed % 2**32)
+    # numba's on-disk cache for the kernels that allow it (pynndescent's: about half of them; umap-learn
+    # compiles most of its own without the cache, once per process that clusters: reuse pays it once)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "augtune" / "numba"))
+
+
+class TrialFolder:
+    """A trial's folder of the experiment, where its record and end-of-run figures go.
+
+    Local storage: that folder itself, written (atomically) by the trial. Tune's own files reach the
+    experiment from a staging folder by a periodic copy of the whole tree, which is not atomic and can lag:
+    a driver killed mid-copy once left a record one epoch behind the checkpoint Tune resumed from. A URI
+    (s3://, gs://): the files are written to a local folder and uploaded after every write (`publish`).
+    """
+
+    def __init__(self, experiment: str, name: str | None = None):
+        if name is None:  # this trial's folder name, as Tune gave it
+            import ray.tune
+
+            name = Path(ray.tune.get_context().get_trial_dir()).name
+        self.name = name
+        if "://" in experiment:
+            self.uri: str | None = f"{experiment.rstrip('/')}/{self.name}"
+            self.local = Path(tempfile.mkdtemp(prefix=f"augtune-{self.name[:40]}-"))
+        else:
+            self.uri, self.local = None, Path(experiment) / self.name
+            self.local.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def target(self) -> str:
+        """Where the folder is kept: the URI or the local path."""
+        return self.uri or str(self.local)
+
+    def publish(self) -> None:
+        if self.uri is None:
+            return
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(self.uri)
+        pyarrow.fs.copy_files(str(self.local), path, source_filesystem=pyarrow.fs.LocalFileSystem(),
+                              destination_filesystem=fs)
+
+    def write_record(self, record: RunRecord) -> None:
+        record.write(self.local)
+        self.publish()
+
+
+def _in_trial(cfg: Config, folder: TrialFolder, on_completed: OnCompleted | None, about: dict) -> None:
     import ray.tune
 
-    if cfg.train.num_threads is None:  # as many threads as CPUs the trial holds: no oversubscription
-        import torch
-
-        torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
+    isolate_trial(cfg)
     run_loop(cfg, rank=0, world_size=1, get_checkpoint=ray.tune.get_checkpoint, report=ray.tune.report,
-             Checkpoint=ray.tune.Checkpoint, trial_dir=ray.tune.get_context().get_trial_dir())
+             Checkpoint=ray.tune.Checkpoint, folder=folder, on_completed=on_completed, about=about)
 
 
-def _fail_record(cfg: Config, trial_dir: str, error: str) -> None:
+def _fail_record(cfg: Config, folder: TrialFolder, error: str) -> None:
     from augtune.trainables.run import start_record
 
     record = start_record(cfg)
-    record.update(status="failed", error=error, finished=now())
-    write_record(Path(trial_dir), record)
+    record.failed(error)
+    folder.write_record(record)
 
 
 def _train_worker(config: dict) -> None:
@@ -137,15 +218,19 @@ def _train_worker(config: dict) -> None:
 
     cfg = from_dict(config["cfg"])
     ctx = ray.train.get_context()
-    if cfg.train.num_threads is None:
-        import torch
+    isolate_trial(cfg)
+    run_loop(
+        cfg,
+        rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        get_checkpoint=ray.train.get_checkpoint,
+        report=ray.train.report,
+        Checkpoint=ray.train.Checkpoint,
+        about=config.get("about"),
+    )
 
-        torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
-    run_loop(cfg, rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
-             get_checkpoint=ray.train.get_checkpoint, report=ray.train.report, Checkpoint=ray.train.Checkpoint)
 
-
-def _train_driver(cfg: Config) -> None:
+def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None) -> None:
     import ray.train
     import ray.tune
     from ray.train.torch import TorchTrainer
@@ -158,23 +243,23 @@ def _train_driver(cfg: Config) -> None:
         per_worker["GPU"] = r.gpus_per_worker or 1.0
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"cfg": to_dict(cfg)},
+        train_loop_config={"cfg": to_dict(cfg), "about": about or {}},
         scaling_config=ray.train.ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                                resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(
-            # A stable name and storage path (the trial's) is what lets a restarted trial resume.
+            # A stable name and storage path (the trial's folder) is what lets a restarted trial resume.
             name=f"train-{ctx.get_trial_id()}",
-            storage_path=str(Path(ctx.get_trial_dir()).resolve()),
+            storage_path=folder.target,
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=cfg.search.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.search.keep_checkpoints),
         ),
     )
     try:
         result = trainer.fit()
     except Exception as e:  # the worker's error, with its reason, marks the trial errored
-        _fail_record(cfg, ctx.get_trial_dir(), f"{type(e).__name__}: {e}".splitlines()[0])
+        _fail_record(cfg, folder, f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     if result.checkpoint is not None:
         with result.checkpoint.as_directory() as d:
-            write_record(Path(ctx.get_trial_dir()), read_record(Path(d)))
+            folder.write_record(RunRecord.read(Path(d)))

@@ -19,7 +19,10 @@ def parse_phases(text: str, epochs: int) -> list[str]:
     for part in text.split(","):
         m = _SEGMENT.match(part)
         if not m:
-            raise ValueError(f"expected NAME:EPOCHS[,NAME:EPOCHS...] such as A:200,B:400,A:800; got segment {part.strip()!r}")
+            raise ValueError(
+                "expected NAME:EPOCHS[,NAME:EPOCHS...] such as A:200,B:400,A:800; "
+                f"got segment {part.strip()!r}"
+            )
         if int(m.group(2)) <= 0:
             raise ValueError(f"segment {part.strip()!r} must last at least one epoch")
         names.append(m.group(1))

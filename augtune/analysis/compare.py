@@ -1,0 +1,48 @@
+"""A compare experiment's answer from its folder alone: verdict, importances and report (no Ray)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from augtune.analysis.importance import format_importances, importances
+from augtune.analysis.report import write_report
+from augtune.analysis.verdict import Verdict, load_compare_records, verdict
+from augtune.records import COMPARE_FILE, REPORT_FILE
+
+
+@dataclass
+class Answer:
+    verdict: Verdict
+    importances: dict[str, str]
+    report: Path
+
+
+def is_compare(exp_dir) -> bool:
+    return (Path(exp_dir) / COMPARE_FILE).is_file()
+
+
+def compare_settings(exp_dir) -> dict:
+    from augtune.config import safe_load
+
+    path = Path(exp_dir) / COMPARE_FILE
+    data = safe_load(path.read_text(encoding="utf-8"), str(path))
+    return data["config"]
+
+
+def answer(exp_dir, write: bool = True) -> Answer:
+    """The verdict (over `compare.metrics`), each entrant's importances and `report.html`."""
+    exp_dir = Path(exp_dir)
+    cfg = compare_settings(exp_dir)
+    c = cfg.get("compare", {})
+    metrics = tuple(c.get("metrics") or ("knn_acc",))
+    repeat, search = load_compare_records(exp_dir)
+    unfinished = any(r.get("status") in ("running", "interrupted") for r in repeat + search) or not repeat
+    v = verdict(repeat, metrics, alpha=float(c.get("alpha", 0.05)), search=search, unfinished=unfinished)
+    groups: dict[str, list[dict]] = {}
+    for r in search:
+        groups.setdefault(r.get("entrant") or r["method"], []).append(r)
+    imps = {name: format_importances(name, importances(records, metrics[0]))
+            for name, records in sorted(groups.items())}
+    title = f"augtune compare: {exp_dir.name}"
+    report = write_report(exp_dir, v, repeat, search, imps, title=title) if write else exp_dir / REPORT_FILE
+    return Answer(v, imps, report)

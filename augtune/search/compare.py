@@ -1,0 +1,262 @@
+"""`augtune compare`: the methods head to head on one data set, under one budget.
+
+Every entrant (a base alone, or a base with one augmentation method) is an ordinary augtune search
+in its own folder of the experiment: its own registered space (the papers' defaults first), the
+same number of trials (`compare.trials`, Optuna TPE, ASHA unless `compare.scheduler: none`), then its
+best configuration re-run on the same new seeds as every other entrant (`repeat_best`). What the
+protocol holds equal is taken out of every space (`search.hold`): the data, split, backbone, epochs,
+batch size, evaluation and seeds. The verdict, its tests and the importances are made by
+`augtune.analysis` from the records on disk.
+
+The experiment folder holds `augtune_compare.yaml` (what `augtune resume` needs), one search folder
+per entrant, named by its label (`simclr+pinda`), and `repeat/`: one Ray experiment that re-runs every
+entrant's best configuration on the shared seeds (one warm-up for all of them, trial processes
+reused across entrants). Resuming finishes the entrants in order, then the repeat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from augtune.config import Config, ConfigError, from_dict, set_values, to_dict
+from augtune.records import COMPARE_FILE, SEARCH_FILE
+
+REPEAT = "repeat"  # the experiment of every entrant's best configuration on the shared seeds
+PAPER_METHODS = ("pinda", "nrcc", "cocor", "diffaug")
+VECTOR_BASELINES = ("random_noise", "simcl", "clae")  # PiNDA's non-vision baselines (App. B.2)
+# keys the protocol holds equal for every entrant: no space may vary them
+HELD = ("method.base", "method.augment", "train.epochs", "train.batch_size", "train.seed")
+# the registered space of each paper's method; the base alone and the baselines search the base's space
+OWN_SPACE = {"pinda": "pinda", "nrcc": "nrcc", "cocor": "cocor", "diffaug": "diffaug"}
+
+
+@dataclass(frozen=True)
+class Entrant:
+    base: str
+    augment: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return "+".join((self.base, *self.augment))
+
+    @property
+    def space(self) -> str:
+        return OWN_SPACE.get(self.augment[0], self.base) if self.augment else self.base
+
+
+def entrants(cfg: Config, modality: str) -> list[Entrant]:
+    """The entrants of `cfg.compare` on data of `modality` (`image` or `vector`), bases first."""
+    c = cfg.compare
+    bases = c.bases or (cfg.method.base,)
+    applies = ("base", *PAPER_METHODS, *(VECTOR_BASELINES if modality == "vector" else ()))
+    wanted = c.methods or applies
+    unknown = [m for m in wanted if m not in ("base", *PAPER_METHODS, *VECTOR_BASELINES)]
+    if unknown:
+        raise ConfigError(f"compare.methods: unknown {unknown[0]!r} (known: base, "
+                          f"{', '.join((*PAPER_METHODS, *VECTOR_BASELINES))})")
+    if modality != "vector" and any(m in VECTOR_BASELINES for m in wanted):
+        bad = next(m for m in wanted if m in VECTOR_BASELINES)
+        raise ConfigError(f"compare.methods: {bad} is one of PiNDA's non-vision baselines; this data "
+                          "set gives images")
+    return [Entrant(b, () if m == "base" else (m,)) for b in bases for m in wanted]
+
+
+def entrant_config(cfg: Config, entrant: Entrant) -> Config:
+    """The search config of one entrant: its base and method, its own space, the shared budget, the
+    held keys out of the space, the best configuration repeated on the shared seeds."""
+    c = cfg.compare
+    seeds = [cfg.train.seed + i for i in range(1, c.seeds + 1)]
+    hold = [*HELD, *(("cocor.pool",) if "cocor" in entrant.augment and cfg.dataset.as_vectors else ())]
+    values = {
+        "method.base": entrant.base, "method.augment": list(entrant.augment),
+        "search.space": entrant.space, "search.hold": hold, "search.algorithm": "optuna",
+        "search.num_samples": c.trials, "search.metric": c.metrics[0], "search.mode": "max",
+        "search.scheduler": c.scheduler,
+        "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
+    }
+    return from_dict(set_values(to_dict(cfg), values))
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    cfg: Config  # the user's resolved config, with its compare section
+    experiment: str  # the experiment folder
+    plans: tuple  # one SearchPlan per entrant, in order
+    labels: tuple[str, ...]
+
+    def save(self) -> None:
+        folder = Path(self.experiment)
+        folder.mkdir(parents=True, exist_ok=True)
+        data = {"config": to_dict(self.cfg), "entrants": list(self.labels)}
+        (folder / COMPARE_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address: Optional[str] = None,
+                 dashboard: bool = False, figure_kinds=None) -> ComparePlan:
+    """Every entrant's search planned (and so checked) before Ray starts or anything is written. The data
+    set is the caller's to check (it has loaded it to learn its `modality`): every entrant's is the same,
+    so it is not loaded again for each."""
+    from augtune.search import plan_config
+
+    if len(cfg.compare.metrics) == 0:
+        raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
+    experiment = f"{storage.rstrip('/')}/{name}"
+    plans = []
+    for e in entrants(cfg, modality):
+        plans.append(plan_config(entrant_config(cfg, e), storage=experiment, name=e.label, address=address,
+                                 dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
+                                 check_data=False))
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans))
+
+
+def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
+                callbacks: Optional[list] = None) -> None:
+    """Each entrant's search in order (a finished one is only resumed: quick), then one repeat experiment
+    of every entrant's best configuration on the shared seeds. Only the repeat's runs draw the methods'
+    end-of-run figures (`on_completed`): they are the runs the report shows."""
+    from augtune.search import load_plan, resume_search, run_search
+
+    plan.save()
+    n = len(plan.plans)
+    for i, entrant_plan in enumerate(plan.plans, 1):
+        _title(callbacks, f"[{i}/{n}] {entrant_plan.name}")
+        folder = Path(entrant_plan.experiment)
+        if (folder / SEARCH_FILE).is_file():
+            resume_search(load_plan(str(folder), address=entrant_plan.address), log=log, callbacks=callbacks)
+        else:
+            run_search(entrant_plan, log=log, callbacks=callbacks)
+    _title(callbacks, "repeat")
+    repeat_all(plan, log, on_completed, callbacks)
+
+
+def _title(callbacks: Optional[list], title: str) -> None:
+    for cb in callbacks or []:  # the progress line names the entrant
+        if hasattr(cb, "title"):
+            cb.title = title
+
+
+def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
+    """The best search trial's parameters, from the records on disk: the last value of `metric` each
+    trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them."""
+    import json
+
+    best, best_value = None, None
+    for path in sorted(folder.glob("*/record.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
+        if record.get("status") not in ("completed", "stopped") or not values:
+            continue
+        if best_value is None or (values[-1] > best_value if mode == "max" else values[-1] < best_value):
+            best, best_value = record.get("params", {}), values[-1]
+    return best
+
+
+def epoch_seconds(folder: Path) -> float:
+    """The median training time of an epoch over a search's trials (0 when none has reported one)."""
+    import json
+    import statistics
+
+    times = []
+    for path in folder.glob("*/record.json"):
+        try:
+            times += [e["epoch_time_s"] for e in json.loads(path.read_text()).get("epochs", [])
+                      if isinstance(e.get("epoch_time_s"), (int, float))]
+        except (OSError, ValueError, AttributeError):
+            continue
+    return statistics.median(times) if times else 0.0
+
+
+def repeat_runs(plans, metric: str, mode: str, seeds, log: Callable[[str], None]) -> list[dict]:
+    """Every entrant's best parameters once per seed, the costliest entrants first (by their search's
+    epochs): the last runs to start are then short ones, and no slot idles through a long one at the end
+    (longest processing time first)."""
+    runs = []
+    for p in sorted(plans, key=lambda p: -epoch_seconds(Path(p.experiment))):
+        best = best_of(Path(p.experiment), metric, mode)
+        if best is None:
+            log(f"{p.name}: no finished search trial; it is left out of the repeat")
+            continue
+        method = {"method.base": p.cfg.method.base, "method.augment": list(p.cfg.method.augment)}
+        runs += [{**best, **method, "train.seed": s} for s in seeds]
+    return runs
+
+
+def repeat_all(plan: ComparePlan, log: Callable[[str], None], on_completed=None,
+               callbacks: Optional[list] = None) -> None:
+    """Every entrant's best configuration on the shared seeds, in one Ray experiment (`repeat/`)."""
+    from ray import tune
+
+    from augtune.search.launch import (Lock, _check_finished, _fit, _run_config, _trainable, connect,
+                                       repeat_tune_config)
+    from augtune.search.recovery import prepare_restore
+    from augtune.search.plan import concurrency
+
+    first = plan.plans[0]
+    cfg = first.cfg
+    with Lock(plan.experiment):
+        conc = concurrency(cfg, connect(cfg, first.address, first.dashboard))
+        path = f"{plan.experiment}/{REPEAT}"
+        trainable = _trainable(first.base, cfg, path, on_completed)
+        expected = None
+        if tune.Tuner.can_restore(path):
+            prepare_restore(path)
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            runs = repeat_runs(
+                plan.plans, cfg.search.metric, cfg.search.mode, cfg.search.repeat_best.seeds, log
+            )
+            expected = len(runs)
+            log(f"repeat: {len(runs) // max(1, len(cfg.search.repeat_best.seeds))} entrants x "
+                f"{len(cfg.search.repeat_best.seeds)} seeds")
+            tuner = tune.Tuner(trainable, param_space={"_repeat": tune.grid_search(runs)},
+                               tune_config=repeat_tune_config(conc),
+                               run_config=_run_config(cfg, REPEAT, plan.experiment, callbacks or []))
+        results, stepped = _fit(tuner)
+        _check_finished(results, _Named(plan.experiment), expected, stepped)
+
+
+class _Named:
+    """What `_check_finished` reads of a plan: the experiment to name in its messages."""
+
+    def __init__(self, experiment: str):
+        self.experiment = experiment
+
+
+def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
+    """The plan of an experiment folder that `augtune compare` wrote (for `augtune resume`)."""
+    from augtune.config import safe_load
+    from augtune.search import load_plan
+    from augtune.search.launch import check_trusted
+
+    folder = Path(exp_dir).expanduser().resolve()
+    check_trusted(str(folder))  # its entrants' and its repeat's Tune state is unpickled on resume
+    file = folder / COMPARE_FILE
+    try:
+        data = safe_load(file.read_text(encoding="utf-8"), str(file))
+        cfg = from_dict(data["config"])
+        labels = tuple(str(x) for x in data["entrants"])
+    except (OSError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: cannot be read ({type(e).__name__})") from None
+    plans = []
+    for label in labels:
+        sub = folder / label
+        plans.append(
+            load_plan(str(sub), address=address) if (sub / SEARCH_FILE).is_file() else None
+        )
+    if any(p is None for p in plans):  # an entrant never started: plan it again from the saved config
+        from augtune.data import load_dataset
+
+        fresh = plan_compare(cfg, load_dataset(cfg.dataset).modality, storage=str(folder.parent),
+                             name=folder.name, address=address)
+        plans = [p if p is not None else f for p, f in zip(plans, fresh.plans)]
+    return replace(ComparePlan(cfg, str(folder), tuple(plans), labels))
+
+
+def is_compare(exp_dir: str) -> bool:
+    return (Path(exp_dir) / COMPARE_FILE).is_file()

@@ -1,0 +1,173 @@
+"""A console a person can read: one progress view of a search, and Ray's own chatter in a log file.
+
+`Progress` is a Tune callback: trials done / running / pending / failed, the best value so far with
+its configuration, the elapsed time and an estimate of what is left. On a terminal it rewrites one
+line in place; otherwise (a file, CI) it prints a plain line at most every `every_s` seconds and
+when a trial ends. No colour codes anywhere. `quiet_ray(log_file)` sends the `ray` loggers and
+Python warnings to `<experiment>/augtune.log` (`augtune -v` keeps them on the console).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Optional, TextIO
+
+from ray.tune import Callback
+
+from augtune.config import format_value
+
+
+class Progress(Callback):
+    def __init__(
+        self,
+        metric: str,
+        mode: str,
+        total: Optional[int],
+        title: str = "search",
+        stream: TextIO = sys.stdout,
+        every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.metric, self.mode, self.total, self.title = metric, mode, total, title
+        self.stream, self.every_s, self.clock = stream, every_s, clock
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.start = clock()
+        self.last_print = -1e9
+        self.best: Optional[tuple[float, dict]] = None
+        self.ended = 0
+        self.printed = ""  # the last line written to a file: the same line is not written twice
+        self.stepped: Optional[list] = None  # the trials as Tune's last step left them
+
+    # -- Tune's hooks ---------------------------------------------------------------------------------
+
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        """A new experiment (a compare's next entrant, a repeat phase): counts and best start again."""
+        self.total = total_num_samples or self.total
+        self.start, self.best, self.ended, self.last_print = self.clock(), None, 0, -1e9
+        self.stepped = None
+
+    def on_step_end(self, iteration, trials, **info):
+        self.stepped = [SimpleNamespace(status=t.status) for t in trials]
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)) and (self.best is None or self._better(value, self.best[0])):
+            self.best = (float(value), dict(trial.config))
+        self._show(trials, force=False)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.ended += 1
+        self._show(trials, force=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.ended += 1
+        self._show(trials, force=True)
+
+    def on_experiment_end(self, trials, **info):
+        self.last_print = -1e9
+        # the final count, whatever was printed last; as the last step left the trials: an interrupted
+        # search's clean-up marks its running and pending trials ended, which they are not
+        self._show(self.stepped if self.stepped is not None else trials, force=True)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    # -- the line ---------------------------------------------------------------------------------
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.mode == "max" else a < b
+
+    def line(self, trials) -> str:
+        counts = {"TERMINATED": 0, "RUNNING": 0, "PENDING": 0, "ERROR": 0, "PAUSED": 0}
+        for t in trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        done, failed = counts["TERMINATED"], counts["ERROR"]
+        total = self.total or len(trials)
+        pending = max(counts["PENDING"] + counts["PAUSED"], total - len(trials) + counts["PENDING"])
+        elapsed = self.clock() - self.start
+        parts = [
+            f"{self.title}: {done + failed}/{total} done",
+            f"{counts['RUNNING']} running",
+            f"{pending} pending",
+        ]
+        if failed:
+            parts.append(f"{failed} failed")
+        if self.best is not None:
+            params = ", ".join(f"{k}={format_value(v)}" for k, v in self.best[1].items() if k != "_repeat")
+            parts.append(f"best {self.metric} {self.best[0]:.4f}" + (f" ({params})" if params else ""))
+        parts.append(_duration(elapsed))
+        finished = done + failed
+        # at this session's rate: the trials a resumed search had finished took none of `elapsed`
+        if 0 < self.ended and finished < total:
+            parts.append(f"~{_duration(elapsed / self.ended * (total - finished))} left")
+        return "  ".join(parts)
+
+    def _show(self, trials, force: bool) -> None:
+        now = self.clock()
+        if self.tty:  # one line, rewritten in place; cut to the terminal's width, so that it never wraps
+            width = shutil.get_terminal_size((100, 24)).columns - 1
+            self.stream.write("\r\033[K" + self.line(trials)[:width])
+            self.stream.flush()
+            return
+        # in a file: every `every_s`, when a trial ends (at most every 10 s), and at the experiment's end
+        if (
+            force and now - self.last_print >= min(10.0, self.every_s)
+        ) or now - self.last_print >= self.every_s:
+            line = self.line(trials)
+            if line != self.printed:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+                self.printed = line
+            self.last_print = now
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class _LogFile(logging.FileHandler):
+    """The experiment's log file. A record that cannot be written (a full disk) is dropped: the search
+    says what went wrong in one line of its own, not in a traceback per dropped log record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
+def quiet_ray(log_file: Path, verbose: bool = False) -> None:
+    """Ray's and Tune's loggers and Python's warnings go to `log_file` (and stay on the console too with
+    `verbose`); the console keeps augtune's own lines."""
+    import optuna
+    import ray  # noqa: F401 - its import sets up its own console handlers, which are replaced here
+
+    optuna.logging.disable_default_handler()  # "A new study created ..." goes to the log file instead
+    optuna.logging.enable_propagation()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = _LogFile(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for name in ("ray", "ray.tune", "ray.train", "ray.data", "optuna"):
+        logger = logging.getLogger(name)
+        if not any(
+            isinstance(h, logging.FileHandler) and h.baseFilename == str(log_file) for h in logger.handlers
+        ):
+            logger.addHandler(handler)
+        logger.propagate = verbose
+        if not verbose:
+            for h in list(logger.handlers):
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                    logger.removeHandler(h)
+    logging.captureWarnings(True)
+    warnings_logger = logging.getLogger("py.warnings")
+    warnings_logger.addHandler(handler)
+    warnings_logger.propagate = verbose
+    if not verbose:
+        warnings.filterwarnings("ignore", module="ray")

@@ -1,0 +1,254 @@
+"""From a space (data, `augtune.spaces`) to what Ray Tune and Optuna run: the one adapter.
+
+How a space runs under each `search.algorithm` (param_space is the flat {dotted key: ...} dict at
+the top level of the Tuner's param_space, so that points_to_evaluate line up with it):
+
+- optuna: `OptunaSearch(**to_optuna_search_kwargs(space), metric=..., mode=...,
+  sampler=TPESampler(seed=search.seed))`, param_space `constants(space)`. The searcher holds the
+  space, so Tune does not pass it metric and mode: they go to the constructor. Optuna cannot
+  enumerate a grid: a `grid([...])` entry under optuna is refused with one line (use choice([...]),
+  or algorithm random/grid, which cross grid entries with sampled ones).
+- random: a Tune-domain space runs on Tune's `BasicVariantGenerator(points_to_evaluate=
+  space.points_to_evaluate, random_state=search.seed)` over `space.params`; its `grid([...])`
+  entries are crossed with the sampled ones (num_samples x grid size trials, Tune's rule). A
+  define-by-run space runs as optuna with `optuna.samplers.RandomSampler(seed=search.seed)`.
+- grid: `BasicVariantGenerator` over `grid_params(space)`, without points (num_samples repeats the
+  whole grid). A named space crosses its "default" grid preset and holds every other searched key
+  at its first point (the paper default); an inline mapping crosses its `grid([...])` and
+  `choice([...])` entries and refuses a continuous one, naming the key.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import numpy as np
+from ray import tune
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchGenerator, Searcher
+from ray.tune.search.sample import Categorical
+
+from augtune.config import Config, ConfigError
+from augtune.spaces import Space, constants, searched
+from augtune.spaces import _define_by_run_values, _study  # the define-by-run helpers the checks share
+from augtune.spaces.grammar import describe, is_grid, kind
+
+
+def grid_params(space: Space, preset: str = "default") -> dict:
+    """The param_space for `algorithm: grid` (Tune's BasicVariantGenerator; num_samples repeats it).
+
+    With the preset: its keys are crossed, every other searched key is held at the first point (the
+    paper default), constants stay. Without one (inline mappings): `grid([...])` and `choice([...])`
+    entries are crossed and a continuous entry is an error naming its key.
+    """
+    grid = space.grid_presets.get(preset)
+    if grid is None and (preset != "default" or space.define_by_run is not None):
+        have = ", ".join(space.grid_presets) or "none"
+        raise ConfigError(f"search.algorithm: grid needs a grid preset {preset!r} in space "
+                          f"{space.name!r} (presets: {have}); a define-by-run space has no grid of its own")
+    default = space.points_to_evaluate[0] if space.points_to_evaluate else {}
+    out: dict[str, Any] = {}
+    for key, value in space.params.items():
+        if grid is not None and key in grid:
+            out[key] = tune.grid_search(list(grid[key]))
+        elif kind(key, value) == "constant":
+            out[key] = value
+        elif grid is not None:
+            if key not in default:
+                raise ConfigError(f"search.space.{key}: not in grid preset {preset!r} and no first point "
+                                  "to hold it at")
+            out[key] = default[key]
+        elif is_grid(value):
+            out[key] = value
+        elif isinstance(value, Categorical):
+            out[key] = tune.grid_search(list(value.categories))
+        else:
+            raise ConfigError(f"search.space.{key}: algorithm grid cannot enumerate {describe(value)}; "
+                              "use grid([...]) or choice([...]) here, or algorithm optuna or random")
+    if grid is not None and space.define_by_run is not None:  # its keys live in the function
+        out.update({k: v for k, v in default.items() if k not in out})
+        out.update({k: tune.grid_search(list(v)) for k, v in grid.items()})
+    return out
+
+
+def to_optuna_search_kwargs(space: Space) -> dict:
+    """`space` and `points_to_evaluate` for `ray.tune.search.optuna.OptunaSearch`.
+
+    A define-by-run space passes its function; a Tune-domain space passes its searched entries as
+    Optuna distributions (grid entries as categoricals), so that OptunaSearch neither warns about an
+    unconverted space nor meets a grid, which it refuses. Constants are not in it: OptunaSearch drops
+    them, so they go into the Tuner's param_space (`constants(space)`). Each point names exactly the
+    searched keys, as OptunaSearch checks for a dict space.
+    """
+    points = [dict(p) for p in space.points_to_evaluate]
+    if space.define_by_run is not None:
+        return {"space": space.define_by_run, "points_to_evaluate": points}
+    from ray.tune.search.optuna import OptunaSearch
+
+    domains = {
+        k: tune.choice(list(v["grid_search"])) if is_grid(v) else v for k, v in searched(space).items()
+    }
+    return {"space": OptunaSearch.convert_search_space(domains), "points_to_evaluate": points}
+
+
+def sample_values(space: Space, seed: int) -> dict:
+    """One concrete flat sample {dotted key: value}, constants included; seeded, no Ray runtime.
+
+    The search module checks `from_dict(set_values(base, sample_values(space, seed)))` before
+    launching, so that a domain that gives invalid values fails before Ray starts.
+    """
+    if space.define_by_run is not None:
+        from optuna.samplers import RandomSampler
+
+        values = _define_by_run_values(space.define_by_run, _study(RandomSampler(seed=seed)))
+        return {**copy.deepcopy(constants(space)), **values}
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {}
+    for key, value in space.params.items():
+        k = kind(key, value)
+        if k == "constant":
+            out[key] = copy.deepcopy(value)
+        elif k == "grid":
+            values = list(value["grid_search"])
+            out[key] = values[int(rng.integers(len(values)))]
+        else:
+            out[key] = value.sample(random_state=rng)
+        if isinstance(out[key], np.generic):
+            out[key] = out[key].item()
+    return out
+
+
+def check_algorithm(search_cfg: Any, space: Space) -> None:
+    """A space `search.algorithm` can run: grid needs an enumerable space; optuna cannot run a grid."""
+    s = search_cfg
+    if s.algorithm == "grid":
+        grid_params(space)
+    elif s.algorithm == "optuna" and space.define_by_run is None:
+        grids = [k for k, v in space.params.items() if is_grid(v)]
+        if grids:
+            raise ConfigError(
+                f"search.space.{grids[0]}: grid([...]) with algorithm optuna: Optuna samples, it "
+                "cannot enumerate a grid; use choice([...]) to let it sample, or algorithm "
+                "random (grid entries crossed with sampled ones) or grid"
+            )
+
+
+def searcher(cfg: Config, space: Space, storage: Any = None):
+    """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage. The
+    algorithm is a Searcher (Optuna) or a variant generator; `restorable` makes it what Tune runs."""
+    s = cfg.search
+    if s.algorithm == "grid":
+        return ReplayingVariantGenerator(), grid_params(space)
+    if s.algorithm == "random" and space.define_by_run is None:
+        return ReplayingVariantGenerator(points_to_evaluate=space.points_to_evaluate or None,
+                                         random_state=s.seed), dict(space.params)
+    import optuna
+
+    from augtune.search.optuna_search import MetricResultsOptunaSearch
+
+    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
+               else optuna.samplers.RandomSampler(seed=s.seed))
+    extra = {} if storage is None else {"storage": storage, "study_name": "augtune"}
+    return MetricResultsOptunaSearch(**to_optuna_search_kwargs(space), metric=s.metric, mode=s.mode,
+                                     sampler=sampler, **extra), constants(space)
+
+
+def scheduler(cfg: Config):
+    if cfg.search.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        # `epoch` rather than Tune's training_iteration: that one restarts after a restore.
+        return ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.search.grace_period,
+                             reduction_factor=cfg.search.reduction_factor)
+    return None
+
+
+# -- what Tune runs, and how it agrees with the trials Tune restores ---------------------------------------
+#
+# Tune saves the experiment's trials and its search algorithm's state in separate files, one after the
+# other, and copies them to storage one by one: a driver killed in between leaves a search algorithm one
+# snapshot older or newer than the trials (augtune.search.recovery). Restored as it is, an older one
+# creates again the trials made since (a finished trial runs twice), a newer one never runs the trials it
+# made since, and its set of live trials can hold trials that ended, which blocks their slots for good.
+# The algorithms below reconcile themselves with the trials Tune restores (`restored_trials`).
+
+
+def restorable(algorithm, max_concurrent: int):
+    """The search algorithm Tune runs for `algorithm` (from `searcher`), at most `max_concurrent` trials
+    at a time (pass `max_concurrent_trials=None` to Tune: this holds the limit)."""
+    if isinstance(algorithm, Searcher):
+        return ReconcilingSearchGenerator(ConcurrencyLimiter(algorithm, max_concurrent=max_concurrent))
+    algorithm.max_concurrent = max_concurrent
+    return algorithm
+
+
+class ReplayingVariantGenerator(BasicVariantGenerator):
+    """Tune's BasicVariantGenerator (grid and random search, the repeat phases) that, restored, replays
+    its variants from the start and skips those Tune already holds: the variants are deterministic (the
+    grid, and the sampler seeded with `search.seed`) and so are their trial ids, whichever snapshot its
+    saved state was."""
+
+    def add_configurations(self, experiments) -> None:
+        super().add_configurations(experiments)
+        self._fresh = copy.deepcopy(self._iterators)  # before any variant is drawn (saved with the state)
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        from augtune.search.recovery import restored_trials
+
+        super().restore_from_dir(dirpath)
+        trials = restored_trials(dirpath)
+        if trials is None or not getattr(self, "_fresh", None):
+            return
+        self._iterators = copy.deepcopy(self._fresh)
+        self._trial_generator, self._trial_iter = itertools.chain(*self._iterators), None
+        self._finished = False
+        self._held = {t.trial_id for t in trials}
+        self._live_trials = {t.trial_id for t in trials if not t.finished}
+
+    def next_trial(self):
+        while True:
+            live = set(self._live_trials)
+            trial = super().next_trial()
+            if trial is None or trial.trial_id not in getattr(self, "_held", ()):
+                return trial
+            self._live_trials = live  # a replayed trial Tune holds: live only if it was
+
+
+class ReconcilingSearchGenerator(SearchGenerator):
+    """Tune's SearchGenerator over a ConcurrencyLimiter over an Optuna searcher
+    (`optuna_search.MetricResultsOptunaSearch`) that, restored, counts the trials Tune holds, takes the
+    unfinished ones as the live ones, and has the searcher reconcile its study with them. A completion of
+    a trial the limiter never saw (a restored or restarted trial) still reaches the searcher."""
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        from augtune.search.recovery import restored_trials
+
+        super().restore_from_dir(dirpath)
+        trials = restored_trials(dirpath)
+        if trials is None:
+            return
+        self._counter = len(trials)
+        unfinished = {t.trial_id for t in trials if not t.finished}
+        limiter = self._limiter()
+        if limiter is not None:
+            limiter.live_trials = set(unfinished)
+            limiter.num_unfinished_live_trials = len(unfinished)
+        reconcile = getattr(self._base(), "reconcile", None)
+        if reconcile is not None:
+            reconcile(trials)
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        limiter = self._limiter()
+        if limiter is not None and trial_id not in limiter.live_trials:
+            self._base().on_trial_complete(trial_id, result=result, error=error)
+            return
+        super().on_trial_complete(trial_id, result=result, error=error)
+
+    def _limiter(self):
+        return self.searcher if isinstance(self.searcher, ConcurrencyLimiter) else None
+
+    def _base(self):
+        s = self.searcher
+        while hasattr(s, "searcher"):
+            s = s.searcher
+        return s

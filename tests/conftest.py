@@ -1,0 +1,39 @@
+"""What the tests share: tiny networks, one torch thread for tiny tensors, and a cache of the session.
+
+The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) goes to a
+folder of this test session, inherited by every CLI and Ray process a test starts: the suite never reads
+or fills the user's own cache, and a run of it starts from nothing, as CI does.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+# The smallest networks the tests train: an MLP for vectors, a CNN for images (every base's heads)
+TINY_MLP = {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16, "proj_hidden_dim": 16,
+            "proj_dim": 8, "pred_hidden_dim": 16}
+TINY_CNN = {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16}
+
+_CACHE = tempfile.mkdtemp(prefix="augtune-test-cache-")
+
+
+def pytest_configure(config):
+    os.environ["XDG_CACHE_HOME"] = _CACHE
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread (on a shared 2-core machine torch's spinning threads made them up
+    to 50x slower); the count is restored after the module."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

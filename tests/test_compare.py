@@ -1,0 +1,119 @@
+"""`augtune compare` for real, on digits with a tiny budget: the entrants' searches, one repeat
+experiment, the verdict on the console and in `export`, the report, and what the plan refuses."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from augtune.config import ConfigError, load_config
+from augtune.search.compare import Entrant, entrant_config, entrants
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_entrants_follow_the_modality_and_the_subset():
+    cfg = load_config(None)
+    assert [e.label for e in entrants(cfg, "image")] == [
+        "simclr",
+        "simclr+pinda",
+        "simclr+nrcc",
+        "simclr+cocor",
+        "simclr+diffaug",
+    ]
+    vec = [e.label for e in entrants(cfg, "vector")]
+    assert vec[-3:] == ["simclr+random_noise", "simclr+simcl", "simclr+clae"]
+    two = load_config(None, ["compare.methods=[base, nrcc]", "compare.bases=[byol, moco]"])
+    assert [e.label for e in entrants(two, "image")] == ["byol", "byol+nrcc", "moco", "moco+nrcc"]
+    with pytest.raises(ConfigError, match="compare.methods: clae is one of PiNDA's non-vision baselines"):
+        entrants(load_config(None, ["compare.methods=[clae]"]), "image")
+
+
+def test_every_entrant_searches_its_own_space_under_the_same_budget():
+    cfg = load_config(None, ["compare.trials=5", "compare.seeds=2", "train.seed=10"])
+    c = entrant_config(cfg, Entrant("byol", ("pinda",)))
+    assert (c.method.base, c.method.augment, c.search.space) == ("byol", ("pinda",), "pinda")
+    assert c.search.num_samples == 5 and c.search.algorithm == "optuna"
+    assert {"method.base", "train.epochs", "train.batch_size"} <= set(c.search.hold)
+    assert c.search.repeat_best.seeds == (11, 12)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_real_compare_gives_its_verdict_and_report(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": {"name": "digits", "as_vectors": True, "max_train": 300, "max_test": 150},
+                "model": {
+                    "backbone": "mlp",
+                    "hidden_dim": 32,
+                    "num_layers": 2,
+                    "embed_dim": 16,
+                    "proj_hidden_dim": 16,
+                    "proj_dim": 8,
+                },
+                "train": {"epochs": 3, "batch_size": 64, "num_threads": 1},
+                "eval": {"metrics": ["knn", "kmeans"]},
+                "compare": {
+                    "methods": ["base", "nrcc", "random_noise"],
+                    "trials": 2,
+                    "seeds": 2,
+                    "metrics": ["knn_acc", "kmeans_nmi"],
+                },
+            }
+        )
+    )
+    run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
+                          str(tmp_path / "res"), "--name", "cmp"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # the console a person reads: short, plain, no warning or traceback (Ray's own output is in the log)
+    lines = run.stdout.splitlines() + run.stderr.splitlines()
+    assert len(lines) <= 60, "\n".join(lines)
+    assert not [line for line in lines if re.search(r"warn|traceback|error", line, re.I)], "\n".join(lines)
+    assert "\x1b" not in run.stdout + run.stderr
+    exp = tmp_path / "res" / "cmp"
+    assert "| entrant | knn_acc | kmeans_nmi |" in run.stdout
+    assert "knn_acc: " in run.stdout and " is best (" in run.stdout and "raw input" in run.stdout
+    assert f"report: {exp / 'report.html'}" in run.stdout
+    repeats = list((exp / "repeat").glob("*/record.json"))
+    assert len(repeats) == 6  # 3 entrants x 2 seeds, every record where it belongs
+    page = (exp / "report.html").read_text()
+    assert "<table>" in page and page.count("<img") >= 3
+    export = subprocess.run([sys.executable, "-m", "augtune.cli", "export", str(exp), "--format", "latex"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0 and export.stdout.startswith("% needs \\usepackage{booktabs}"), (
+        export.stderr
+    )
+
+
+def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):
+    """Longest first: the runs left at the end are the short ones (a DiffAug run last would idle a slot)."""
+    import json
+    from types import SimpleNamespace
+
+    from augtune.search.compare import epoch_seconds, repeat_runs
+
+    plans = []
+    for name, times, lr in (("cheap", [0.1, 0.2, 0.1], 0.1), ("dear", [3.0, 2.0], 0.2), ("unrun", [], 0.3)):
+        (tmp_path / name / "t0").mkdir(parents=True)
+        record = {"status": "completed", "params": {"train.lr": lr}, "epochs": [
+            {"epoch": i + 1, "epoch_time_s": t, "knn_acc": 0.5} for i, t in enumerate(times)]}
+        (tmp_path / name / "t0" / "record.json").write_text(json.dumps(record))
+        method = SimpleNamespace(base="simclr", augment=(name,))
+        plans.append(
+            SimpleNamespace(experiment=str(tmp_path / name), name=name, cfg=SimpleNamespace(method=method))
+        )
+    assert epoch_seconds(tmp_path / "dear") == 2.5 and epoch_seconds(tmp_path / "cheap") == 0.1
+    assert epoch_seconds(tmp_path / "unrun") == 0.0 and epoch_seconds(tmp_path / "absent") == 0.0
+    said = []
+    runs = repeat_runs(plans, "knn_acc", "max", (1, 2), said.append)
+    assert [(r["method.augment"], r["train.seed"], r["train.lr"]) for r in runs] == [
+        (["dear"], 1, 0.2), (["dear"], 2, 0.2), (["cheap"], 1, 0.1), (["cheap"], 2, 0.1)]
+    assert said == ["unrun: no finished search trial; it is left out of the repeat"]

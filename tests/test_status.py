@@ -1,0 +1,114 @@
+"""`augtune status` on hand-made experiment folders, without Ray: the metric Tune selects on (the last
+value reported, not the best of progress.csv) and trials the scheduler stopped early."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from augtune.cli import main
+from augtune.records import REPEAT_DIR, SEARCH_FILE
+from augtune.search.status import last_value, read_trials
+
+
+def trial(trial_id: str, status: str, params: dict, epochs: list[dict], record_status: str | None,
+          error: str | None = None) -> dict:
+    return {"id": trial_id, "status": status, "params": params, "epochs": epochs, "record": record_status,
+            "error": error}
+
+
+def write_experiment(exp: Path, trials: list[dict], metric: str = "knn_acc", mode: str = "max") -> Path:
+    """An experiment folder as Tune and augtune leave it: the search file, Tune's state JSON (each trial a
+    JSON document and a runtime JSON, both as strings, with Tune's `metric_analysis`), per trial its
+    progress.csv and augtune's record."""
+    exp.mkdir(parents=True)
+    search = {"metric": metric, "mode": mode, "repeat_best": {"top": 0, "seeds": [1], "per": None}}
+    (exp / SEARCH_FILE).write_text(yaml.safe_dump({"config": {"search": search}, "base": {}, "name": exp.name,
+                                                   "storage": str(exp.parent)}))
+    data = []
+    for t in trials:
+        folder = f"tune_trial_{t['id']}"
+        (exp / folder).mkdir()
+        analysis: dict = {}
+        for step, result in enumerate(t["epochs"], start=1):  # Tune's _TrainingRunMetadata.update_metric
+            for k, v in result.items():
+                a = analysis.setdefault(k, {"max": v, "min": v, "avg": v, "last": v})
+                a.update(max=max(a["max"], v), min=min(a["min"], v), last=v,
+                         avg=a["avg"] + (v - a["avg"]) / step)
+        last = dict(t["epochs"][-1]) if t["epochs"] else {}
+        doc = {"trial_id": t["id"], "status": t["status"], "relative_logdir": folder, "config": t["params"]}
+        runtime = {"last_result": last, "metric_analysis": analysis, "num_failures": 0}
+        data.append([json.dumps(doc), json.dumps(runtime)])
+        keys = sorted({k for r in t["epochs"] for k in r})
+        lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in t["epochs"]]
+        (exp / folder / "progress.csv").write_text("\n".join(lines) + "\n")
+        if t["record"]:
+            record = {"status": t["record"], "error": t["error"]}
+            (exp / folder / "record.json").write_text(json.dumps(record))
+        if t["error"] and t["status"] == "ERROR":
+            trace = f"Traceback (most recent call last):\n  File \"x.py\"\n{t['error']}\n"
+            (exp / folder / "error.txt").write_text(trace)
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": data}))
+    return exp
+
+
+TRIALS = [
+    # peaked at epoch 2 and fell back: Tune selects on 0.70, where it ended; progress.csv's best is 0.90
+    trial("a_00000", "TERMINATED", {"train.lr": 0.1},
+          [{"epoch": 1, "knn_acc": 0.5}, {"epoch": 2, "knn_acc": 0.9}, {"epoch": 3, "knn_acc": 0.7}],
+          "completed"),
+    # ASHA stopped it after epoch 1: TERMINATED to Tune, `stopped` in its record
+    trial("a_00001", "TERMINATED", {"train.lr": 0.01}, [{"epoch": 1, "knn_acc": 0.4}], "stopped"),
+    # its last epoch did not evaluate the metric: the last value reported is still the one Tune keeps
+    trial("a_00002", "TERMINATED", {"train.lr": 0.001},
+          [{"epoch": 1, "knn_acc": 0.6}, {"epoch": 2, "loss": 1.0}], "completed"),
+    trial("a_00003", "ERROR", {"train.lr": 1.0}, [{"epoch": 1, "knn_acc": 0.1}], "failed",
+          "NonFiniteLoss: loss became nan at epoch 2"),
+    trial("a_00004", "RUNNING", {"train.lr": 0.5}, [], "running"),
+]
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  a_")}
+
+
+def test_status_shows_the_last_value_tune_selects_on_and_marks_trials_stopped_early(tmp_path, capsys):
+    exp = write_experiment(tmp_path / "exp", TRIALS)
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert f"search {exp}: 1 error, 1 running, 3 terminated (1 stopped early by the scheduler)" in out
+    assert "last knn_acc" in out
+    r = rows(out)
+    assert r["a_00000"][1:4] == ["TERMINATED", "3", "0.7000"]  # not progress.csv's best, 0.9
+    assert r["a_00001"][1:4] == ["STOPPED", "1", "0.4000"]
+    assert r["a_00002"][1:4] == ["TERMINATED", "2", "0.6000"]
+    assert r["a_00003"][1] == "ERROR" and "NonFiniteLoss: loss became nan" in " ".join(r["a_00003"])
+    assert r["a_00004"][1:4] == ["RUNNING", "0", "-"]
+
+
+def test_min_mode_and_the_repeat_phase_read_the_same_way(tmp_path, capsys):
+    exp = write_experiment(tmp_path / "exp", [
+        trial("b_00000", "TERMINATED", {"train.lr": 0.1},
+              [{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 3.0}], "completed")],
+        metric="loss", mode="min")
+    write_experiment(exp / REPEAT_DIR, [
+        trial("c_00000", "TERMINATED", {"_repeat": {"train.lr": 0.1, "train.seed": 1}},
+              [{"epoch": 1, "loss": 1.5}], "completed")], metric="loss", mode="min")
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert f"repeat_best {exp}/{REPEAT_DIR}: 1 terminated" in out
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("  ") and "_0" in ln}
+    assert lines["b_00000"][3] == "3.0000"  # the last loss, not the minimum (2.0)
+    assert lines["c_00000"][3:5] == ["1.5000", "train.lr=0.1"]  # a repeat run shows its own parameters
+
+
+def test_last_value_reads_tunes_metric_analysis_then_the_last_result():
+    assert last_value({"metric_analysis": {"knn_acc": {"max": 0.9, "last": 0.7}}}, "knn_acc") == 0.7
+    assert last_value({"last_result": {"knn_acc": 0.3}}, "knn_acc") == 0.3  # an older state without analysis
+    assert last_value({"last_result": {"knn_acc": True}}, "knn_acc") is None
+    assert last_value({}, "knn_acc") is None
+
+
+def test_read_trials_of_a_folder_without_tune_state_is_empty(tmp_path):
+    assert read_trials(tmp_path, "knn_acc") == []
