@@ -1,6 +1,6 @@
 """What Ray costs: the same digits training in-process, as a one-worker trial, as a two-worker DDP trial.
 
-Run:  python benchmarks/overhead.py [--epochs 60] [--width 32]
+Run:  python benchmarks/overhead.py [--epochs 60] [--width 32] [--poll 2.0 0.1]
 
 All three runs train the same config (quickstart's SimCLR on digits) side by side in one
 invocation, and the script prints wall times and their ratios to the in-process run:
@@ -10,7 +10,9 @@ invocation, and the script prints wall times and their ratios to the in-process 
   as the trial's own wall time (Tune's `time_total_s`) and as the whole command (Ray start-up,
   trial scheduling, checkpoint reports included);
 - two-worker DDP trial: the same through a Ray Train TorchTrainer with two gloo workers, each
-  with half of every global batch (same global batch).
+  with half of every global batch (same global batch), once per `--poll` interval: Ray Train's
+  controller takes a worker's report only when it polls (`RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`, Ray's
+  default 2 s, augtune's 0.1 s), and the worker's next report waits for it.
 """
 from __future__ import annotations
 
@@ -49,13 +51,17 @@ def in_process(cfg: dict, out: Path) -> float:
     return time.perf_counter() - start
 
 
-def as_search(cfg: dict, tmp: Path, name: str) -> tuple[float, float]:
+def as_search(cfg: dict, tmp: Path, name: str, poll: str | None = None) -> tuple[float, float]:
     """(trial wall time, whole command wall time) of a one-trial `augtune search`."""
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ)
+    if poll is not None:
+        env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = poll
     start = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "augtune.cli", "search", str(path), "--storage",
-                          str(tmp / "storage"), "--name", name], cwd=ROOT, capture_output=True, text=True)
+                          str(tmp / "storage"), "--name", name], cwd=ROOT, capture_output=True, text=True,
+                         env=env)
     command = time.perf_counter() - start
     if res.returncode != 0:
         sys.exit(f"search {name} failed:\n{res.stderr[-2000:]}")
@@ -68,19 +74,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--width", type=int, default=32)
+    p.add_argument("--poll", nargs="+", default=["2.0", "0.1"],
+                   help="Ray Train's poll intervals (s) to run the two-worker trial at")
     args = p.parse_args()
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         base = in_process(config(args.epochs, args.width, 1), tmp / "inproc")
         one_trial, one_cmd = as_search(config(args.epochs, args.width, 1), tmp, "one")
-        two_trial, two_cmd = as_search(config(args.epochs, args.width, 2), tmp, "ddp")
+        rows += [("one-worker trial", one_trial), ("one-worker search command", one_cmd)]
+        for poll in args.poll:
+            two_trial, two_cmd = as_search(config(args.epochs, args.width, 2), tmp, f"ddp{poll}", poll)
+            rows += [(f"two-worker trial, poll {poll}s", two_trial),
+                     (f"two-worker command, poll {poll}s", two_cmd)]
     print(f"digits SimCLR, {args.epochs} epochs, CNN width {args.width}")
-    print(f"{'run':<28}{'wall s':>9}{'ratio':>8}")
-    print(f"{'in-process':<28}{base:>9.1f}{1:>8.2f}")
-    for label, t in (("one-worker trial", one_trial), ("one-worker search command", one_cmd),
-                     ("two-worker DDP trial", two_trial), ("two-worker search command", two_cmd)):
-        print(f"{label:<28}{t:>9.1f}{t / base:>8.2f}")
+    print(f"{'run':<32}{'wall s':>9}{'ratio':>8}")
+    print(f"{'in-process':<32}{base:>9.1f}{1:>8.2f}")
+    for label, t in rows:
+        print(f"{label:<32}{t:>9.1f}{t / base:>8.2f}")
 
 
 if __name__ == "__main__":

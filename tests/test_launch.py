@@ -9,7 +9,7 @@ import time
 import pytest
 
 from augtune.config import ConfigError
-from augtune.search.launch import LOCK_FILE, Lock, check_local_auth, check_trusted
+from augtune.search.launch import LOCK_FILE, Lock, check_local_auth, check_trusted, train_env
 
 
 def test_a_lock_whose_pid_now_names_another_process_is_stale(tmp_path):
@@ -52,3 +52,12 @@ def test_a_local_search_refuses_ray_without_token_auth(monkeypatch, mode):
     check_local_auth()
     monkeypatch.delenv("RAY_AUTH_MODE")
     check_local_auth()  # Ray's default
+
+
+def test_ray_train_polls_its_workers_often_unless_told_otherwise(monkeypatch):
+    """Train's controller takes a worker's report only when it polls (Ray's default: every 2 s), and the
+    worker waits for it: a search's DDP trials poll every 0.1 s, and a value in the environment wins."""
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    assert train_env() == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    assert train_env() == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
