@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,8 +114,14 @@ def describe(v: dict) -> dict:
     accounted = sum(x for x in parts.values() if x is not None)
     processes = {(r.get("host"), r.get("process")) for r in records if r.get("process") is not None}
     rss = [r["max_rss_mb"] for r in records if isinstance(r.get("max_rss_mb"), (int, float))]
+    # a run's set-up (data, model: wall s), first in its process or in a reused one (no start-up of its own)
+    setup = {"first": [], "reused": []}
+    for r in records:
+        seconds, cpu = r.get("seconds") or {}, r.get("cpu_seconds") or {}
+        if "setup" in seconds and "start" in cpu:
+            setup["first" if cpu["start"] > 0 else "reused"].append(seconds["setup"])
     return {**v, "parts": parts, "rest": v["cpu"] - accounted, "trials": len(records),
-            "processes": len(processes) or None, "rss": max(rss) if rss else None}
+            "processes": len(processes) or None, "rss": max(rss) if rss else None, "setup": setup}
 
 
 def table(variants: list[dict]) -> str:
@@ -140,6 +147,11 @@ def table(variants: list[dict]) -> str:
             f"{100 * train / v['cpu']:.0f} %; wall / training epochs {v['wall'] / train:.2f}; "
             f"peak RSS of a trial process {v['rss'] or '?'} MiB"
         )
+        for kind, values in v.get("setup", {}).items():
+            if values:
+                median = statistics.median(values)
+                lines.append(f"  - set-up of a run {kind} in its process: median {median:.2f} s, "
+                             f"max {max(values):.2f} s ({len(values)} runs)")
     return "\n".join(lines)
 
 
