@@ -289,6 +289,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from augtune.search.compare import is_compare, load_compare, run_compare
 
     try:
+        parent = Path(str(args.experiment).rstrip("/")).parent  # an entrant's search runs with the others'
+        if "://" not in str(args.experiment) and is_compare(str(parent)):
+            raise ConfigError(f"{args.experiment}: an entrant of the compare experiment {parent}, whose "
+                              f"searches run together; continue it with: augtune resume {parent}")
         if is_compare(args.experiment):
             plan = load_compare(args.experiment, address=args.address)
             return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures,

@@ -2,9 +2,13 @@
 experiment, the verdict on the console and in `export`, the report, and what the plan refuses."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +88,18 @@ def test_a_real_compare_gives_its_verdict_and_report(tmp_path):
     assert f"report: {exp / 'report.html'}" in run.stdout
     repeats = list((exp / "repeat").glob("*/record.json"))
     assert len(repeats) == 6  # 3 entrants x 2 seeds, every record where it belongs
+    # every entrant's search in one Tune run: its records in its own folder, its budget exactly, and
+    # the trial processes shared by the entrants (two slots: at most two processes, not one set each)
+    searched = {name: [json.loads(p.read_text()) for p in (exp / name).glob("*/record.json")]
+                for name in ("simclr", "simclr+nrcc", "simclr+random_noise")}
+    assert {name: len(rs) for name, rs in searched.items()} == {name: 2 for name in searched}
+    assert all(r["entrant"] == name and "_entrant" not in r["params"] for name, rs in searched.items()
+               for r in rs)
+    assert len({r["process"] for rs in searched.values() for r in rs}) <= 2
+    status = subprocess.run([sys.executable, "-m", "augtune.cli", "status", str(exp)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert f"search {exp}/search: 6 terminated" in status.stdout and "simclr+random_noise" in status.stdout
     page = (exp / "report.html").read_text()
     assert "<table>" in page and page.count("<img") >= 3
     export = subprocess.run([sys.executable, "-m", "augtune.cli", "export", str(exp), "--format", "latex"],
@@ -91,6 +107,54 @@ def test_a_real_compare_gives_its_verdict_and_report(tmp_path):
     assert export.returncode == 0 and export.stdout.startswith("% needs \\usepackage{booktabs}"), (
         export.stderr
     )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_compare_interrupted_in_its_search_resumes_every_entrant_once(tmp_path):
+    """Ctrl-C while the entrants' searches run: exit 130 naming `augtune resume`, no repeat of a partial
+    search; resumed, every entrant gets its budget of trials exactly, each trial in its study once."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 300, "max_test": 150},
+        "model": {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16,
+                  "proj_hidden_dim": 16, "proj_dim": 8},
+        "train": {"epochs": 60, "batch_size": 64, "num_threads": 1, "checkpoint_every": 5},
+        "eval": {"metrics": ["knn"], "references": False},
+        "compare": {"methods": ["base", "random_noise"], "trials": 2, "seeds": 1, "metrics": ["knn_acc"],
+                    "scheduler": "none"},
+    }))
+    exp = tmp_path / "res" / "cmp"
+    cli = [sys.executable, "-m", "augtune.cli"]
+    proc = subprocess.Popen([*cli, "compare", str(config), "--storage", str(tmp_path / "res"), "--name",
+                             "cmp"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not any(exp.glob("search/*/progress.csv")):
+        time.sleep(0.2)  # a trial has reported: the searches are under way
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group, as in a terminal
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert f"augtune resume {exp}" in err
+    assert not (exp / "repeat").exists()
+
+    resumed = subprocess.run([*cli, "resume", str(exp)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for name in ("simclr", "simclr+random_noise"):
+        records = [json.loads(p.read_text()) for p in (exp / name).glob("*/record.json")]
+        assert len(records) == 2 and all(r["status"] == "completed" for r in records), name
+        assert all([e["epoch"] for e in r["epochs"]] == list(range(1, 61)) for r in records)
+        journal = JournalStorage(JournalFileBackend(str(exp / name / "optuna.journal")))
+        study = optuna.load_study(study_name="augtune", storage=journal)
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        told = sorted(t.params["train.lr"] for t in complete)
+        assert told == sorted(r["params"]["train.lr"] for r in records)
+    assert len(list((exp / "repeat").glob("*/record.json"))) == 2  # 2 entrants x 1 seed
 
 
 def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):

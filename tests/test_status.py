@@ -112,3 +112,37 @@ def test_last_value_reads_tunes_metric_analysis_then_the_last_result():
 
 def test_read_trials_of_a_folder_without_tune_state_is_empty(tmp_path):
     assert read_trials(tmp_path, "knn_acc") == []
+
+
+def test_a_compare_shows_its_entrants_trials_and_an_entrant_folder_its_own(tmp_path, capsys):
+    """A compare's entrants search in one Tune run (`search/`); each trial's record is in its entrant's
+    folder. `status` of the compare shows every trial with its entrant (the stopped one from its record);
+    `status` of an entrant folder, its own trials; `resume` of an entrant folder points to the compare."""
+    from augtune.records import COMPARE_FILE
+
+    exp = tmp_path / "cmp"
+    write_experiment(exp / "search", [
+        trial("s1", "TERMINATED", {"_entrant": "simclr", "train.lr": 0.1}, [{"epoch": 2, "knn_acc": 0.8}],
+              None),
+        trial("s2", "TERMINATED", {"_entrant": "simclr+pinda", "pinda.mu": "zero"},
+              [{"epoch": 1, "knn_acc": 0.6}], None),
+    ])
+    (exp / "search" / SEARCH_FILE).unlink()  # a compare's search run has no search file of its own
+    for name, folder, status in (("simclr", "tune_trial_s1", "completed"), ("simclr+pinda", "tune_trial_s2",
+                                                                               "stopped")):
+        (exp / name / folder).mkdir(parents=True)
+        (exp / name / folder / "record.json").write_text(json.dumps({"status": status}))
+        (exp / name / SEARCH_FILE).write_text("config: {}\n")
+    (exp / COMPARE_FILE).write_text(yaml.safe_dump({"config": {"compare": {"metrics": ["knn_acc"]}},
+                                                    "entrants": ["simclr", "simclr+pinda"]}))
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert f"search {exp.resolve()}/search: 2 terminated (1 stopped early by the scheduler)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  s")]
+    assert [r[:3] for r in rows] == [["s1", "simclr", "TERMINATED"], ["s2", "simclr+pinda", "STOPPED"]]
+    assert "_entrant" not in out
+    assert main(["status", str(exp / "simclr+pinda")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  s")]
+    assert [r[:2] for r in rows] == [["s2", "simclr+pinda"]]
+    assert main(["resume", str(exp / "simclr")]) == 2
+    assert f"continue it with: augtune resume {exp}" in capsys.readouterr().err

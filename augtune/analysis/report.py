@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from augtune.analysis.verdict import Verdict
-from augtune.records import RECORD_FILE, REPORT_FILE
+from augtune.records import COMPARE_REPEAT, RECORD_FILE, REPORT_FILE
 
 
 def _png(fig) -> str:
@@ -112,7 +112,7 @@ def _table_html(v: Verdict) -> str:
 def _own_figures(exp_dir: Path, repeat: list[dict]) -> list[str]:
     """Each entrant's figures of its first repeat run (the records list them relative to their folder)."""
     out, seen = [], set()
-    for folder in sorted((exp_dir / "repeat").glob("*/")):
+    for folder in sorted((exp_dir / COMPARE_REPEAT).glob("*/")):
         record_path = folder / RECORD_FILE
         if not record_path.is_file():
             continue

@@ -310,9 +310,11 @@ def load_compare_records(exp_dir) -> tuple[list[dict], list[dict]]:
                 continue
         return out
 
-    exp = Path(exp_dir)
-    search = [p for p in exp.glob("*/*/record.json") if p.parent.parent.name != "repeat"]
-    return read(exp.glob("repeat/*/record.json")), read(search)
+    from augtune.records import COMPARE_REPEAT
+
+    exp = Path(exp_dir)  # each entrant's search records are in <exp>/<entrant>/<trial>/
+    search = [p for p in exp.glob("*/*/record.json") if p.parent.parent.name != COMPARE_REPEAT]
+    return read(exp.glob(f"{COMPARE_REPEAT}/*/record.json")), read(search)
 
 
 def frame(rows: list[Row], metrics: tuple[str, ...]) -> pd.DataFrame:

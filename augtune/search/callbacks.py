@@ -9,6 +9,7 @@ from ray.tune import Callback
 
 from augtune.records import RECORD_FILE, now, read_record, write_record
 from augtune.search.status import error_line
+from augtune.trainables.ray_trainable import ENTRANT
 
 
 class StepStatuses(Callback):
@@ -29,14 +30,25 @@ class StepStatuses(Callback):
 class SettleRecords(Callback):
     """Settles the record of a trial that Tune ended: a trial stopped early by the scheduler says
     `stopped` (not `running` forever), an errored one `failed` with Tune's reason. A record that
-    already says how it ended (completed, or failed with the loop's own reason) is left alone."""
+    already says how it ended (completed, or failed with the loop's own reason) is left alone.
+
+    A trial's record is in its folder of the experiment (`trial.path`), or, in a Tune run that several
+    searches share (`augtune.search.multiplex`), in the folder of its own search: `folders[entrant]`."""
+
+    def __init__(self, folders: dict[str, str] | None = None):
+        self.folders = folders or {}
+
+    def _where(self, trial) -> str:
+        folder = self.folders.get((getattr(trial, "config", None) or {}).get(ENTRANT))
+        return trial.path if folder is None else f"{folder.rstrip('/')}/{Path(trial.path).name}"
 
     def _settle(self, trial, status: str, error: str | None) -> None:
-        record = _read(trial)
+        where = self._where(trial)
+        record = _read(trial, where)
         if record is not None and record["status"] == "running":
             record.update(status=status, error=error, finished=now())
             try:
-                _write(trial, record)
+                _write(trial, where, record)
             except OSError:  # a full disk: Tune's own state still says how the trial ended
                 pass
 
@@ -56,21 +68,21 @@ def _reason(trial) -> str:
 # A trial's record is in its folder of the experiment (`trial.path` on the storage's file system), where
 # the trial itself writes it (augtune.trainables.ray_trainable.TrialFolder), not in Tune's staging copy.
 
-def _read(trial) -> dict | None:
+def _read(trial, where: str) -> dict | None:
     fs = trial.storage.storage_filesystem
     try:
         if isinstance(fs, pyarrow.fs.LocalFileSystem):
-            return read_record(Path(trial.path))
-        with fs.open_input_stream(f"{trial.path}/{RECORD_FILE}") as f:
+            return read_record(Path(where))
+        with fs.open_input_stream(f"{where}/{RECORD_FILE}") as f:
             return json.loads(f.read().decode())
     except (OSError, ValueError):
         return None
 
 
-def _write(trial, record: dict) -> None:
+def _write(trial, where: str, record: dict) -> None:
     fs = trial.storage.storage_filesystem
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        write_record(Path(trial.path), record)
+        write_record(Path(where), record)
     else:
-        with fs.open_output_stream(f"{trial.path}/{RECORD_FILE}") as f:
+        with fs.open_output_stream(f"{where}/{RECORD_FILE}") as f:
             f.write((json.dumps(record, indent=1) + "\n").encode())

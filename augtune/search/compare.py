@@ -1,17 +1,18 @@
 """`augtune compare`: the methods head to head on one data set, under one budget.
 
-Every entrant (a base alone, or a base with one augmentation method) is an ordinary augtune search
-in its own folder of the experiment: its own registered space (the papers' defaults first), the
-same number of trials (`compare.trials`, Optuna TPE, ASHA unless `compare.scheduler: none`), then its
-best configuration re-run on the same new seeds as every other entrant (`repeat_best`). What the
-protocol holds equal is taken out of every space (`search.hold`): the data, split, backbone, epochs,
-batch size, evaluation and seeds. The verdict, its tests and the importances are made by
-`augtune.analysis` from the records on disk.
+Every entrant (a base alone, or a base with one augmentation method) is an ordinary augtune search: its
+own registered space (the papers' defaults first), the same number of trials (`compare.trials`, Optuna
+TPE, ASHA unless `compare.scheduler: none`), then its best configuration re-run on the same new seeds as
+every other entrant. What the protocol holds equal is taken out of every space (`search.hold`): the data,
+split, backbone, epochs, batch size, evaluation and seeds. The verdict, its tests and the importances are
+made by `augtune.analysis` from the records on disk.
 
-The experiment folder holds `augtune_compare.yaml` (what `augtune resume` needs), one search folder
-per entrant, named by its label (`simclr+pinda`), and `repeat/`: one Ray experiment that re-runs every
-entrant's best configuration on the shared seeds (one warm-up for all of them, trial processes
-reused across entrants). Resuming finishes the entrants in order, then the repeat.
+The experiment folder holds `augtune_compare.yaml` (what `augtune resume` needs); one folder per entrant,
+named by its label (`simclr+pinda`), with its plan, its Optuna study and its trials' records; `search/`:
+the one Ray experiment of every entrant's search (`augtune.search.multiplex`: each entrant keeps its
+study, budget, limit and scheduler; they share the trial processes); and `repeat/`: the one Ray
+experiment that re-runs every entrant's best configuration on the shared seeds. Resuming finishes the
+searches, then the repeat.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ from typing import Callable, Optional
 import yaml
 
 from augtune.config import Config, ConfigError, from_dict, set_values, to_dict
-from augtune.records import COMPARE_FILE, SEARCH_FILE
+from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, SEARCH_FILE
 
-REPEAT = "repeat"  # the experiment of every entrant's best configuration on the shared seeds
 PAPER_METHODS = ("pinda", "nrcc", "cocor", "diffaug")
 VECTOR_BASELINES = ("random_noise", "simcl", "clae")  # PiNDA's non-vision baselines (App. B.2)
 # keys the protocol holds equal for every entrant: no space may vary them
@@ -114,26 +114,73 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
 
 def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
                 callbacks: Optional[list] = None) -> None:
-    """Each entrant's search in order (a finished one is only resumed: quick), then one repeat experiment
-    of every entrant's best configuration on the shared seeds. Only the repeat's runs draw the methods'
-    end-of-run figures (`on_completed`): they are the runs the report shows."""
-    from augtune.search import load_plan, resume_search, run_search
-
+    """Every entrant's search in one Ray experiment (a finished one is only resumed: quick), then one
+    repeat experiment of every entrant's best configuration on the shared seeds. Only the repeat's runs
+    draw the methods' end-of-run figures (`on_completed`): they are the runs the report shows."""
     plan.save()
-    n = len(plan.plans)
-    for i, entrant_plan in enumerate(plan.plans, 1):
-        _title(callbacks, f"[{i}/{n}] {entrant_plan.name}")
-        folder = Path(entrant_plan.experiment)
-        if (folder / SEARCH_FILE).is_file():
-            resume_search(load_plan(str(folder), address=entrant_plan.address), log=log, callbacks=callbacks)
-        else:
-            run_search(entrant_plan, log=log, callbacks=callbacks)
-    _title(callbacks, "repeat")
+    _title(callbacks, COMPARE_SEARCH)
+    search_all(plan, log, callbacks)
+    _title(callbacks, COMPARE_REPEAT)
     repeat_all(plan, log, on_completed, callbacks)
 
 
+def search_all(plan: ComparePlan, log: Callable[[str], None], callbacks: Optional[list] = None) -> None:
+    """Every entrant's search in one Ray experiment (`search/`), started or resumed."""
+    from ray import tune
+
+    from augtune.search.launch import (Lock, _check_finished, _clear_lost_start, _fit, _optuna_storage,
+                                       _run_config, _save_plan, connect)
+    from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
+    from augtune.search.plan import concurrency, trial_resources
+    from augtune.search.recovery import prepare_restore
+    from augtune.search.searchers import restorable, scheduler, searcher
+    from augtune.spaces import resolve_space
+    from augtune.trainables.ray_trainable import tune_entrant_trial
+
+    first = plan.plans[0]
+    cfg = first.cfg
+    path = f"{plan.experiment}/{COMPARE_SEARCH}"
+    folders = {p.name: p.experiment for p in plan.plans}
+    trainable = tune.with_resources(
+        tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
+                             experiments=folders),
+        trial_resources(cfg),
+    )
+    total = sum(p.cfg.search.num_samples for p in plan.plans)
+    with Lock(plan.experiment):
+        conc = concurrency(cfg, connect(cfg, first.address, first.dashboard))
+        if tune.Tuner.can_restore(path):
+            prepare_restore(path)
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            entrants, schedulers = {}, {}
+            for p in plan.plans:
+                if Path(p.experiment).is_dir():  # killed before Tune saved anything: its study starts again
+                    _clear_lost_start(p)
+                _save_plan(p)
+                algorithm, constants = searcher(p.cfg, resolve_space(p.cfg.search), _optuna_storage(p))
+                entrants[p.name] = (restorable(algorithm, conc), constants, p.cfg.search.num_samples)
+                own = scheduler(p.cfg)
+                if own is not None:
+                    schedulers[p.name] = own
+            log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
+                f"time, optimising {cfg.search.metric} ({cfg.search.mode})")
+            tuner = tune.Tuner(
+                trainable,
+                param_space={},
+                tune_config=tune.TuneConfig(
+                    metric=cfg.search.metric, mode=cfg.search.mode, search_alg=EntrantsSearch(entrants, conc),
+                    scheduler=EntrantsScheduler(schedulers) if schedulers else None, num_samples=total,
+                    reuse_actors=True,
+                ),
+                run_config=_run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders),
+            )
+        results, stepped = _fit(tuner)
+        _check_finished(results, _Named(plan.experiment), total, stepped)
+
+
 def _title(callbacks: Optional[list], title: str) -> None:
-    for cb in callbacks or []:  # the progress line names the entrant
+    for cb in callbacks or []:  # the progress line names the phase
         if hasattr(cb, "title"):
             cb.title = title
 
@@ -201,7 +248,7 @@ def repeat_all(plan: ComparePlan, log: Callable[[str], None], on_completed=None,
     cfg = first.cfg
     with Lock(plan.experiment):
         conc = concurrency(cfg, connect(cfg, first.address, first.dashboard))
-        path = f"{plan.experiment}/{REPEAT}"
+        path = f"{plan.experiment}/{COMPARE_REPEAT}"
         trainable = _trainable(first.base, cfg, path, on_completed)
         expected = None
         if tune.Tuner.can_restore(path):
@@ -216,7 +263,8 @@ def repeat_all(plan: ComparePlan, log: Callable[[str], None], on_completed=None,
                 f"{len(cfg.search.repeat_best.seeds)} seeds")
             tuner = tune.Tuner(trainable, param_space={"_repeat": tune.grid_search(runs)},
                                tune_config=repeat_tune_config(conc),
-                               run_config=_run_config(cfg, REPEAT, plan.experiment, callbacks or []))
+                               run_config=_run_config(cfg, COMPARE_REPEAT, plan.experiment,
+                                                      callbacks or []))
         results, stepped = _fit(tuner)
         _check_finished(results, _Named(plan.experiment), expected, stepped)
 

@@ -128,7 +128,8 @@ def _trainable(base: dict, cfg: Config, experiment: str, on_completed: Optional[
     return tune.with_resources(trainable, trial_resources(cfg))
 
 
-def _run_config(cfg: Config, name: str, storage: str, callbacks: list):
+def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None):
+    """`folders`: where the records of a Tune run that several searches share are (`SettleRecords`)."""
     from ray import tune
 
     from augtune.search.callbacks import SettleRecords
@@ -138,7 +139,7 @@ def _run_config(cfg: Config, name: str, storage: str, callbacks: list):
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.search.keep_checkpoints),
-        callbacks=[SettleRecords(), *logger_callbacks(cfg, storage, name), *callbacks],
+        callbacks=[SettleRecords(folders), *logger_callbacks(cfg, storage, name), *callbacks],
     )
 
 

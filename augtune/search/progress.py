@@ -20,6 +20,7 @@ from typing import Callable, Optional, TextIO
 from ray.tune import Callback
 
 from augtune.config import format_value
+from augtune.trainables.ray_trainable import ENTRANT
 
 
 class Progress(Callback):
@@ -98,7 +99,11 @@ class Progress(Callback):
         if failed:
             parts.append(f"{failed} failed")
         if self.best is not None:
-            params = ", ".join(f"{k}={format_value(v)}" for k, v in self.best[1].items() if k != "_repeat")
+            config = self.best[1]
+            params = ", ".join(f"{k}={format_value(v)}" for k, v in config.items()
+                               if k not in ("_repeat", ENTRANT))
+            if ENTRANT in config:  # a compare's search: whose trial it is
+                params = f"{config[ENTRANT]}: {params}" if params else str(config[ENTRANT])
             parts.append(f"best {self.metric} {self.best[0]:.4f}" + (f" ({params})" if params else ""))
         parts.append(_duration(elapsed))
         finished = done + failed

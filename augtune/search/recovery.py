@@ -37,7 +37,7 @@ from augtune.config import ConfigError
 
 # Tune's own state files in an experiment folder: it restores from the newest of each kind (by name)
 TUNE_STATE = ("experiment_state-*.json", "basic-variant-state-*.json", "search_gen_state-*.json",
-              "searcher-state-*.pkl")
+              "searcher-state-*.pkl", "entrants-search-state-*.pkl")  # the last: augtune.search.multiplex
 EXPERIMENT_STATE = "experiment_state-"
 RESULT_FILE = "result.json"  # Tune's per-trial result log, one JSON object per line, appended to
 
@@ -240,6 +240,7 @@ class RestoredTrial:
     status: str  # TERMINATED, ERROR, or PENDING (Tune restores a running trial as pending)
     params: dict = field(default_factory=dict)  # the searched parameters (Tune's evaluated_params)
     last_result: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # the whole trial config (searched and constant)
 
     @property
     def finished(self) -> bool:
@@ -261,6 +262,6 @@ def restored_trials(folder: str) -> Optional[list[RestoredTrial]]:
         trial = Trial.from_json_state(trial_json, stub=True)
         trial.restore_run_metadata(metadata)
         out.append(RestoredTrial(trial.trial_id, trial.status, dict(trial.evaluated_params or {}),
-                                 dict(trial.last_result or {})))
+                                 dict(trial.last_result or {}), dict(trial.config or {})))
     return out
 

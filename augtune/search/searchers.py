@@ -225,8 +225,11 @@ class ReconcilingSearchGenerator(SearchGenerator):
 
         super().restore_from_dir(dirpath)
         trials = restored_trials(dirpath)
-        if trials is None:
-            return
+        if trials is not None:
+            self.reconcile(trials)
+
+    def reconcile(self, trials: list) -> None:
+        """Agree with `trials`, the trials of this search that Tune restored (`recovery.RestoredTrial`)."""
         self._counter = len(trials)
         unfinished = {t.trial_id for t in trials if not t.finished}
         limiter = self._limiter()

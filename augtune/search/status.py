@@ -8,6 +8,8 @@ metric is the one Tune selects on: the last one the trial reported (a trial that
 fell back is shown where it ended, not at its peak). A trial the scheduler stopped early is TERMINATED
 to Tune; its record says `stopped`, and its row says so. An experiment kept in cloud storage
 (`s3://...`) is read from a temporary copy of these files (`augtune.search.storage.local_copy`).
+A compare experiment shows its search (every entrant's trials, in one Tune run) and its repeat, with the
+entrant of each trial.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from augtune.records import ERROR_FILE, RECORD_FILE, REPEAT_DIR, read_search_file
+from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ERROR_FILE, RECORD_FILE,
+                             REPEAT_DIR, read_search_file)
+from augtune.trainables.ray_trainable import ENTRANT
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
 
@@ -82,7 +86,9 @@ def _loads(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def read_trials(exp_dir: Path, metric: str) -> list[TrialStatus]:
+def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None) -> list[TrialStatus]:
+    """The trials of the Tune experiment in `exp_dir`; `entrants`: the compare folder whose entrant
+    folders hold the records of a Tune run that several searches share (`<entrants>/<entrant>/<trial>`)."""
     state_file = _latest_state(exp_dir)
     if state_file is None:
         return []
@@ -91,16 +97,18 @@ def read_trials(exp_dir: Path, metric: str) -> list[TrialStatus]:
     for doc, runtime in state.get("trial_data", []):
         trial, run = _loads(doc) or {}, _loads(runtime) or {}
         folder = exp_dir / trial.get("relative_logdir", "")
-        record = _record(folder)
-        last = run.get("last_result") or {}
         params = trial.get("config") or {}
         if isinstance(params, dict) and "_repeat" in params:
             params = params["_repeat"]
+        params = params if isinstance(params, dict) else {}
+        entrant = params.get(ENTRANT)
+        record = _record(folder if entrants is None or not entrant else entrants / str(entrant) / folder.name)
+        last = run.get("last_result") or {}
         out.append(TrialStatus(
             trial_id=trial.get("trial_id", "?"), status=trial.get("status", "?"),
             epochs=int(last.get("epoch", 0) or 0), metric=last_value(run, metric),
-            params=params if isinstance(params, dict) else {}, error=_error(folder, record),
-            folder=folder.name, stopped=record.get("status") == "stopped"))
+            params=params, error=_error(folder, record), folder=folder.name,
+            stopped=record.get("status") == "stopped"))
     return out
 
 
@@ -113,26 +121,67 @@ def _summary(trials: list[TrialStatus]) -> str:
     return text + (f" ({stopped} stopped early by the scheduler)" if stopped else "")
 
 
+def _entrant(params: dict) -> str:
+    """A compare trial's entrant: named in a search trial's parameters, made of a repeat run's method."""
+    if params.get(ENTRANT):
+        return str(params[ENTRANT])
+    augment = params.get("method.augment") or []
+    return "+".join([str(params.get("method.base", "?")), *map(str, augment)])
+
+
+def _section(title: str, trials: list[TrialStatus], metric: str, compare: bool) -> list[str]:
+    lines = [f"{title}: {_summary(trials)}"]
+    if not trials:
+        return lines
+    width = max([len(_entrant(t.params)) for t in trials] + [7]) + 2 if compare else 0
+    who = f"{'entrant':<{width}}" if compare else ""
+    lines.append(f"  {'trial':<14}{who}{'status':<12}{'epochs':>7}  {'last ' + metric:>14}  params / error")
+    hidden = (ENTRANT, "method.base", "method.augment") if compare else ()
+    for t in trials:
+        value = f"{t.metric:.4f}" if t.metric is not None else "-"
+        params = " ".join(f"{k}={v}" for k, v in t.params.items() if k not in hidden)
+        tail = f"{params}  {t.error}".strip() if t.error else params
+        who = f"{_entrant(t.params):<{width}}" if compare else ""
+        lines.append(f"  {t.trial_id:<14}{who}{t.shown_status:<12}{t.epochs:>7}  {value:>14}  {tail}")
+    return lines
+
+
 def status_lines(exp_dir: Path, shown: str) -> list[str]:
     """The status of the local experiment folder `exp_dir`, naming it `shown` (its path or URI)."""
+    if (exp_dir / COMPARE_FILE).is_file():
+        return compare_status_lines(exp_dir, shown)
+    if (exp_dir.parent / COMPARE_FILE).is_file() and _latest_state(exp_dir) is None:
+        # an entrant of a compare: its trials are in the compare's one search run
+        return compare_status_lines(exp_dir.parent, shown.rstrip("/").rsplit("/", 1)[0], only=exp_dir.name)
     plan = read_search_file(exp_dir)  # one line when missing, corrupt or foreign
     metric = plan["config"]["search"]["metric"]
     lines = []
     for title, folder, name in (("search", exp_dir, shown), ("repeat_best", exp_dir / REPEAT_DIR,
                                                               f"{shown.rstrip('/')}/{REPEAT_DIR}")):
-        if not folder.is_dir():
-            continue
-        trials = read_trials(folder, metric)
-        lines.append(f"{title} {name}: {_summary(trials)}")
-        if not trials:
-            continue
-        lines.append(f"  {'trial':<14}{'status':<12}{'epochs':>7}  {'last ' + metric:>14}  params / error")
-        for t in trials:
-            value = f"{t.metric:.4f}" if t.metric is not None else "-"
-            params = " ".join(f"{k}={v}" for k, v in t.params.items())
-            tail = f"{params}  {t.error}".strip() if t.error else params
-            lines.append(f"  {t.trial_id:<14}{t.shown_status:<12}{t.epochs:>7}  {value:>14}  {tail}")
+        if folder.is_dir():
+            lines += _section(f"{title} {name}", read_trials(folder, metric), metric, compare=False)
     return lines
+
+
+def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None) -> list[str]:
+    """A compare experiment: its search (every entrant's trials) and its repeat, trial by trial; `only`:
+    one entrant's trials."""
+    from augtune.config import ConfigError, safe_load
+
+    path = exp_dir / COMPARE_FILE
+    try:
+        data = safe_load(path.read_text(encoding="utf-8"), str(path))
+        metric = str(((data.get("config") or {}).get("compare") or {}).get("metrics", ["knn_acc"])[0])
+    except (ConfigError, OSError, UnicodeDecodeError, AttributeError, IndexError, TypeError) as e:
+        raise ValueError(f"{path}: cannot be read ({str(e).splitlines()[0][:160]})") from None
+    lines = []
+    for sub in (COMPARE_SEARCH, COMPARE_REPEAT):
+        if (exp_dir / sub).is_dir():
+            trials = read_trials(exp_dir / sub, metric, entrants=exp_dir)
+            if only is not None:
+                trials = [t for t in trials if _entrant(t.params) == only]
+            lines += _section(f"{sub} {shown.rstrip('/')}/{sub}", trials, metric, compare=True)
+    return lines or [f"compare {shown}: no trials yet"]
 
 
 def format_status(location: str | Path) -> str:

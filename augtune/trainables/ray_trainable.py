@@ -136,6 +136,19 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     return _train_driver(cfg, folder, about)
 
 
+ENTRANT = "_entrant"  # in a trial's parameters: which of several searches sharing one Tune run it belongs to
+
+
+def tune_entrant_trial(params: dict, bases: dict, experiments: dict,
+                       on_completed: OnCompleted | None = None) -> None:
+    """The Tune function trainable of a Tune run that several searches share (a compare's entrants):
+    `params[ENTRANT]` names the search, whose base config and records' folder are `bases[name]` and
+    `experiments[name]`; the rest is `tune_trial`'s."""
+    name = params[ENTRANT]
+    params = {k: v for k, v in params.items() if k != ENTRANT}
+    return tune_trial(params, base=bases[name], experiment=experiments[name], on_completed=on_completed)
+
+
 def isolate_trial(cfg: Config) -> None:
     """Reset what one trial could leave behind for the next in a reused worker process: torch's thread
     count and default dtype, and every global random generator (the Trainer reseeds torch's own)."""

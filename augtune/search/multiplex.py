@@ -1,0 +1,196 @@
+"""Several searches in one Tune run: a compare's entrants share trial processes (imports Ray).
+
+A compare searched each entrant in a Tune run of its own, and every run started its own trial processes:
+12 processes for the 30 runs of the main job, each ~7 s of CPU to start and ~2.7 s to set up its first
+trial, against 0.03 s for a trial in a process that already ran one. Here every entrant's search runs in
+one Tune run (`<experiment>/search/`), and a process that ends one entrant's trial takes the next trial
+of any entrant.
+
+What makes each search its own is kept apart: its space and its Optuna study (`<experiment>/<entrant>/
+optuna.journal`), its budget of trials, its concurrency limit, its scheduler (ASHA's rungs compare an
+entrant's trials with its own only) and its records (`<experiment>/<entrant>/<trial>/record.json`, where
+the analysis reads them). A trial carries its entrant in its parameters (`ENTRANT`); Tune's folder of the
+trial holds only Tune's files.
+
+`EntrantsSearch` hands out the entrants' trials in turn (each entrant's next one when its own searcher
+has one), routes results to the entrant's searcher, and saves every entrant's searcher in one file: one
+snapshot, restored and reconciled with the trials Tune restored (`searchers.ReconcilingSearchGenerator`).
+`EntrantsScheduler` routes each trial to its entrant's scheduler.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Optional
+
+from ray import cloudpickle
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import SearchAlgorithm
+
+from augtune.trainables.ray_trainable import ENTRANT
+
+STATE_FILE = "entrants-search-state-{}.pkl"  # recovery.TUNE_STATE knows it
+
+
+def entrant_of(trial_or_result) -> Optional[str]:
+    """The entrant of a Tune trial (its config) or of a flattened result (`config/_entrant`)."""
+    config = getattr(trial_or_result, "config", None)
+    if isinstance(config, dict):
+        return config.get(ENTRANT)
+    if isinstance(trial_or_result, dict):
+        return trial_or_result.get(f"config/{ENTRANT}")
+    return None
+
+
+class EntrantsSearch(SearchAlgorithm):
+    """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
+    algorithm as `searchers.restorable` makes it, the constants of its space, its budget) as one, at most
+    `max_concurrent` trials at a time in all (0: no limit of its own)."""
+
+    def __init__(self, entrants: dict[str, tuple], max_concurrent: int = 0):
+        self._subs = {name: alg for name, (alg, _, _) in entrants.items()}
+        self._constants = {name: dict(constants) for name, (_, constants, _) in entrants.items()}
+        self._budgets = {name: int(trials) for name, (_, _, trials) in entrants.items()}
+        self._owner: dict[str, str] = {}  # trial id -> entrant
+        self._live: set[str] = set()
+        self.max_concurrent = max_concurrent
+        self._turn = 0
+
+    # -- what Tune asks -----------------------------------------------------------------------------------
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
+        for sub in self._subs.values():
+            sub.set_search_properties(metric, mode, config, **spec)
+        return True
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self._budgets.values())
+
+    def add_configurations(self, experiments) -> None:
+        """Tune's one experiment becomes one per entrant: its constants and its name in the config, its
+        budget of trials."""
+        from ray.tune.experiment import _convert_to_experiment_list
+
+        (experiment,) = _convert_to_experiment_list(experiments)
+        for name, sub in self._subs.items():
+            spec = dict(experiment.spec)
+            config = {**(spec.get("config") or {}), **self._constants[name], ENTRANT: name}
+            spec["config"] = copy.deepcopy(config)
+            spec["num_samples"] = self._budgets[name]
+            own = copy.copy(experiment)
+            own.spec = spec
+            sub.add_configurations([own])
+
+    def next_trial(self):
+        """The next entrant in turn that has a trial to give (its searcher and its limit allow one)."""
+        if self.max_concurrent and len(self._live) >= self.max_concurrent:
+            return None
+        names = list(self._subs)
+        for _ in range(len(names)):
+            name = names[self._turn % len(names)]
+            self._turn += 1
+            sub = self._subs[name]
+            if sub.is_finished():
+                continue
+            trial = sub.next_trial()
+            if trial is not None:
+                self._owner[trial.trial_id] = name
+                self._live.add(trial.trial_id)
+                return trial
+        return None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        sub = self._sub(trial_id, result)
+        if sub is not None:
+            sub.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
+        self._live.discard(trial_id)
+        sub = self._sub(trial_id, result)
+        if sub is not None:
+            sub.on_trial_complete(trial_id, result=result, error=error)
+
+    def is_finished(self) -> bool:
+        return all(sub.is_finished() for sub in self._subs.values())
+
+    def set_finished(self) -> None:
+        for sub in self._subs.values():
+            sub.set_finished()
+
+    def _sub(self, trial_id: str, result: Optional[dict]):
+        name = self._owner.get(trial_id) or entrant_of(result or {})
+        if name is not None:
+            self._owner.setdefault(trial_id, name)
+        return self._subs.get(name)
+
+    # -- one snapshot of every entrant's searcher -----------------------------------------------------------
+
+    def save_to_dir(self, dirpath: str, session_str: str) -> None:
+        """Every entrant's search algorithm in one file, written whole (temporary file, then rename)."""
+        path = Path(dirpath) / STATE_FILE.format(session_str)
+        tmp = path.with_name(f"tmp-{path.name}")
+        with open(tmp, "wb") as f:
+            cloudpickle.dump({"subs": self._subs, "owner": self._owner, "turn": self._turn}, f)
+        os.replace(tmp, path)
+
+    def has_checkpoint(self, dirpath: str) -> bool:
+        return any(Path(dirpath).glob(STATE_FILE.format("*")))
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        """The newest snapshot, each entrant's algorithm reconciled with the trials Tune restored."""
+        from augtune.search.recovery import restored_trials
+
+        newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
+        with open(newest, "rb") as f:
+            state = cloudpickle.load(f)
+        self._subs, self._owner, self._turn = state["subs"], state["owner"], state["turn"]
+        trials = restored_trials(dirpath)
+        if trials is None:
+            return
+        self._live = {t.trial_id for t in trials if not t.finished}
+        mine: dict[str, list] = {name: [] for name in self._subs}
+        for t in trials:
+            name = t.config.get(ENTRANT)
+            if name in mine:
+                mine[name].append(t)
+                self._owner[t.trial_id] = name
+        for name, sub in self._subs.items():
+            reconcile = getattr(sub, "reconcile", None)
+            if reconcile is not None:
+                reconcile(mine[name])
+
+
+class EntrantsScheduler(FIFOScheduler):
+    """Each trial goes to its entrant's scheduler (`name -> TrialScheduler`, e.g. ASHA); trials run in
+    the order they were made (FIFO), as ASHA runs them."""
+
+    def __init__(self, schedulers: dict[str, TrialScheduler]):
+        super().__init__()
+        self._schedulers = schedulers
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec) -> bool:
+        ok = [s.set_search_properties(metric, mode, **spec) for s in self._schedulers.values()]
+        return super().set_search_properties(metric, mode, **spec) and all(ok)
+
+    def _of(self, trial) -> TrialScheduler:
+        return self._schedulers.get(entrant_of(trial)) or FIFOScheduler()
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._of(trial).on_trial_add(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._of(trial).on_trial_error(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        return self._of(trial).on_trial_result(tune_controller, trial, result)
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._of(trial).on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._of(trial).on_trial_remove(tune_controller, trial)
+
+    def debug_string(self) -> str:
+        return "; ".join(f"{name}: {s.debug_string()}" for name, s in self._schedulers.items())
