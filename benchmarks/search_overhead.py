@@ -11,10 +11,10 @@ Each variant runs the same augtune command on the same config in a fresh process
 The whole command's CPU (every process it starts: the driver, Ray's daemons, every trial) is read from a
 cpuacct cgroup made for it (Linux, root; elsewhere the CPU of reaped children, which misses Ray's daemons
 and says so). The parts come from the runs' records: `cpu_seconds` (set-up, process start, references,
-training, evaluation, checkpoints: the CPU of the trial processes; `seconds`, wall time, in records that
-predate it) and, for records older still, the epochs' `epoch_time_s`. What the records do not account
-for is Ray's daemons, the driver, Tune's bookkeeping in the trial processes and, for old records,
-everything but training.
+training, evaluation, checkpoints, end-of-run figures: the CPU of the trial processes; `seconds`, wall
+time, in records that predate it) and, for records older still, the epochs' `epoch_time_s`. What the
+records do not account for is Ray's daemons, the driver, Tune's bookkeeping in the trial processes and,
+for old records, everything but training.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ PARTS = [
     ("eval", "evaluation"),
     ("references", "references (raw, random-init)"),
     ("checkpoint", "checkpoints"),
+    ("figures", "end-of-run figures"),
     ("setup", "trial set-up (data, model)"),
     ("start", "process start-up (imports, Ray worker)"),
 ]

@@ -86,8 +86,11 @@ def test_a_real_compare_gives_its_verdict_and_report(tmp_path):
     assert "| entrant | knn_acc | kmeans_nmi |" in run.stdout
     assert "knn_acc: " in run.stdout and " is best (" in run.stdout and "raw input" in run.stdout
     assert f"report: {exp / 'report.html'}" in run.stdout
-    repeats = list((exp / "repeat").glob("*/record.json"))
+    repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]
     assert len(repeats) == 6  # 3 entrants x 2 seeds, every record where it belongs
+    # the methods' own figures: drawn for the first seed's run (the one the report shows), not for the rest
+    assert [r["entrant"] for r in repeats if r["seed"] == 1 and r.get("figures")] == ["simclr+nrcc"]
+    assert not [r for r in repeats if r["seed"] != 1 and r.get("figures")]
     # every entrant's search in one Tune run: its records in its own folder, its budget exactly, and
     # the trial processes shared by the entrants (two slots: at most two processes, not one set each)
     searched = {name: [json.loads(p.read_text()) for p in (exp / name).glob("*/record.json")]
@@ -155,6 +158,16 @@ def test_a_compare_interrupted_in_its_search_resumes_every_entrant_once(tmp_path
         told = sorted(t.params["train.lr"] for t in complete)
         assert told == sorted(r["params"]["train.lr"] for r in records)
     assert len(list((exp / "repeat").glob("*/record.json"))) == 2  # 2 entrants x 1 seed
+
+
+def test_only_the_first_seeds_repeat_run_draws_the_figures():
+    from augtune.search.compare import FirstSeedFigures
+
+    drawn = []
+    hook = FirstSeedFigures(lambda tr, run_dir, record, log: drawn.append(record["seed"]), seed=11)
+    for seed in (11, 12, 13):
+        hook(None, Path("."), {"seed": seed}, print)
+    assert drawn == [11]
 
 
 def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):

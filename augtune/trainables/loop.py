@@ -140,7 +140,8 @@ class Trainer:
         self.final: dict = {}  # end-of-run evaluation + the method's diagnostics of the last epoch
         # wall and CPU seconds this process spent on each part of the run (the record keeps them: where the
         # time went; CPU is this process's, all its threads, which a busy machine does not inflate)
-        self.seconds: dict[str, float] = dict.fromkeys(("references", "train", "eval", "checkpoint"), 0.0)
+        parts = ("references", "train", "eval", "checkpoint", "figures")
+        self.seconds: dict[str, float] = dict.fromkeys(parts, 0.0)
         self.cpu_seconds: dict[str, float] = dict(self.seconds)
 
     # -- one epoch ------------------------------------------------------------------------------

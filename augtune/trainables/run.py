@@ -147,7 +147,8 @@ class RunLife:
             self.record.completed(tr.final)
             self.write()  # the final metrics are on disk before any figure is drawn
             if self.on_completed is not None and self.run_dir is not None:
-                self.on_completed(tr, self.run_dir, self.record.data, self.log)
+                with tr.timed("figures"):  # the end-of-run figures: part of where the run's time went
+                    self.on_completed(tr, self.run_dir, self.record.data, self.log)
         self.write()
 
     def fit(self, checkpoint_path: Optional[Path] = None, on_epoch: Optional[Callable] = None,
