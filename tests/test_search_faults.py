@@ -103,6 +103,12 @@ def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
     assert "1 error" in status.stdout and "1 terminated" in status.stdout
 
 
+def record_epochs(trial_dir: Path) -> int:
+    """The last epoch the trial's own record holds (written after every epoch, straight to its folder)."""
+    record = record_of(trial_dir)
+    return len(record["epochs"]) if record else 0
+
+
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     epochs = 12  # about half a second each: the kill lands in the middle of a trial
     config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
@@ -110,24 +116,30 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
                           search={"space": {"train.lr": "grid([0.001, 0.002, 0.003, 0.004])"},
                                   "algorithm": "grid", "num_samples": 1, "max_concurrent": 2})
     exp = tmp_path / "s" / "exp"
-    driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
-                               str(tmp_path / "s"), "--name", "exp"], cwd=ROOT, env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "driver.log"
+    with log.open("wb") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
+                                   str(tmp_path / "s"), "--name", "exp"], cwd=ROOT, env=env(),
+                                  stdout=out, stderr=subprocess.STDOUT)
     try:
         # Kill once a trial has finished (and Tune has saved its state since) while another is
-        # part-way through: checkpointed, not done.
-        deadline, first_done = time.time() + 600, None
-        while time.time() < deadline:
-            dirs = trial_dirs(exp) if exp.exists() else []
-            done = [d for d in dirs if status_of(d) == "completed"]
-            partway = [d for d in dirs if 2 <= max(reported_epochs(d), default=0) < epochs - 2]
+        # part-way through: checkpointed, not done. What each look saw goes into a failure's message.
+        deadline, first_done, seen = time.time() + 600, None, []
+        while time.time() < deadline and driver.poll() is None:
+            at = {d.name[-20:]: (status_of(d), record_epochs(d)) for d in (trial_dirs(exp) if exp.exists()
+                                                                             else [])}
+            if not seen or seen[-1][1] != at:
+                seen.append((round(time.time() - deadline + 600, 1), at))
+            done = [name for name, (status, _) in at.items() if status == "completed"]
+            partway = [name for name, (status, e) in at.items() if status != "completed" and 2 <= e < epochs - 2]
             if done and first_done is None:
                 first_done = time.time()
             if first_done and time.time() - first_done > 1.5 and partway:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("never saw a finished trial next to a part-way one")
+            pytest.fail(f"never saw a finished trial next to a part-way one (driver exit code {driver.poll()}); "
+                        f"seen: {seen}\ndriver's log ends: {log.read_text()[-3000:]}")
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     finally:
