@@ -38,7 +38,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
 from augtune.config import DatasetConfig, to_dict
 from augtune.data import cache, formats
@@ -229,6 +228,8 @@ def _subsample(split: DataSplit, max_train: int | None, max_test: int | None, se
 def stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int | None = None,
                        test_size: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded, stratified split of ``range(len(y))``; each part sorted, so order follows the file."""
+    from sklearn.model_selection import train_test_split  # here: a trial whose data is cached never needs it
+
     try:
         a, b = train_test_split(np.arange(len(y)), train_size=train_size, test_size=test_size,
                                 stratify=y, random_state=seed)
@@ -397,9 +398,12 @@ def _root(cfg: DatasetConfig) -> Path:
 # Loaders
 
 def _digits_file(cfg: DatasetConfig) -> list[Path] | None:
-    import sklearn.datasets
+    import importlib.util  # found without importing scikit-learn (a second of a trial process's start)
 
-    found = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     return [found] if found.is_file() else None
 
 

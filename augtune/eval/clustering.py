@@ -7,9 +7,9 @@ plus one entry in :data:`augtune.eval.evaluate.METRICS`.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+# scipy and scikit-learn are imported where a score is computed: a trial that never clusters (most
+# searches' per-epoch metrics) does not pay their ~1 s of imports in every process.
 
 
 def _numpy(a) -> np.ndarray:
@@ -37,6 +37,8 @@ def cluster_accuracy(y_true, y_pred) -> float:
     _, clu = np.unique(y_pred, return_inverse=True)
     counts = np.zeros((clu.max() + 1, cls.max() + 1), dtype=np.int64)  # (clusters, classes)
     np.add.at(counts, (clu, cls), 1)
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(counts, maximize=True)
     return float(counts[rows, cols].sum() / len(y_true))
 
@@ -52,11 +54,24 @@ def kmeans_scores(x, y, k: int, seed: int = 0) -> dict[str, float]:
     x = _numpy(x).astype(np.float64)  # (N, D)
     y = _numpy(y).ravel()
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    pred = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)
+    return _label_scores("kmeans", y, _kmeans(x, k, seed))
+
+
+def _kmeans(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """scikit-learn's k-means (10 k-means++ restarts, seeded): the cluster of each row."""
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(x)
+
+
+def _label_scores(prefix: str, y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """``<prefix>_acc`` (Hungarian), ``_nmi`` and ``_ari`` (scikit-learn's) of clusters `pred` against `y`."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
     return {
-        "kmeans_acc": cluster_accuracy(y, pred),
-        "kmeans_nmi": float(normalized_mutual_info_score(y, pred)),
-        "kmeans_ari": float(adjusted_rand_score(y, pred)),
+        f"{prefix}_acc": cluster_accuracy(y, pred),
+        f"{prefix}_nmi": float(normalized_mutual_info_score(y, pred)),
+        f"{prefix}_ari": float(adjusted_rand_score(y, pred)),
     }
 
 
@@ -88,7 +103,7 @@ def cluster_scores(x, y, algorithm: str = "gridshift", *, k: int | None = None, 
     y = _numpy(y).ravel()
     emb = umap_embed(x, components, neighbors, min_dist, metric, seed).astype(np.float64)
     if algorithm == "kmeans":
-        pred = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(emb)
+        pred = _kmeans(emb, k, seed)
     else:
         h = bandwidth if bandwidth is not None else auto_bandwidth(emb, quantile, seed=seed)
         if algorithm == "gridshift":
@@ -99,9 +114,4 @@ def cluster_scores(x, y, algorithm: str = "gridshift", *, k: int | None = None, 
             pred = MeanShift(bandwidth=1.5 * h, bin_seeding=True).fit_predict(emb)
         else:
             raise ValueError(f"eval.cluster: unknown algorithm {algorithm!r}")
-    return {
-        "cluster_acc": cluster_accuracy(y, pred),
-        "cluster_nmi": float(normalized_mutual_info_score(y, pred)),
-        "cluster_ari": float(adjusted_rand_score(y, pred)),
-        "cluster_k": float(len(np.unique(pred))),
-    }
+    return {**_label_scores("cluster", y, pred), "cluster_k": float(len(np.unique(pred)))}
