@@ -130,6 +130,27 @@ def test_methods_never_import_ray():
             assert "import ray" not in path.read_text() and "from ray" not in path.read_text(), name
 
 
+def test_a_trial_process_loads_no_library_it_does_not_use():
+    """What every trial process imports (the trainable, the loop, the loaders, evaluation) pulls in neither
+    plotting, UMAP, Optuna, nor scikit-learn and scipy: those come only with what uses them (a clustering
+    score, a seeded split, the digits loader), and each costs every trial process seconds of CPU."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import augtune.eval, augtune.trainables.ray_trainable
+from augtune.data import load_dataset
+from augtune.trainables.loop import Trainer
+heavy = ("matplotlib", "umap", "numba", "optuna", "sklearn", "scipy")
+print(sorted(m for m in sys.modules if m.split(".")[0] in heavy))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=PACKAGE.parent)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]", run.stdout
+
+
 def test_ruff_check_is_clean():
     """The style the project keeps (pyproject's [tool.ruff]: lines of 110, McCabe complexity <= 15)."""
     import shutil
