@@ -137,8 +137,10 @@ def test_a_compare_interrupted_in_its_search_resumes_every_entrant_once(tmp_path
                              "cmp"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not any(exp.glob("search/*/progress.csv")):
-        time.sleep(0.2)  # a trial has reported: the searches are under way
+    while time.time() < deadline and proc.poll() is None and not any(
+        json.loads(p.read_text())["epochs"] for p in exp.glob("*/*/record.json")  # replaced whole, never torn
+    ):
+        time.sleep(0.2)  # a trial has trained an epoch (its own record says so at once): the searches are on
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group, as in a terminal
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out[-2000:] + err[-2000:]
