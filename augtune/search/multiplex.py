@@ -169,13 +169,14 @@ class EntrantsScheduler(FIFOScheduler):
     def __init__(self, schedulers: dict[str, TrialScheduler]):
         super().__init__()
         self._schedulers = schedulers
+        self._fifo = FIFOScheduler()  # an entrant without a scheduler of its own: its trials run to the end
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec) -> bool:
         ok = [s.set_search_properties(metric, mode, **spec) for s in self._schedulers.values()]
         return super().set_search_properties(metric, mode, **spec) and all(ok)
 
     def _of(self, trial) -> TrialScheduler:
-        return self._schedulers.get(entrant_of(trial)) or FIFOScheduler()
+        return self._schedulers.get(entrant_of(trial)) or self._fifo
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self._of(trial).on_trial_add(tune_controller, trial)
