@@ -22,10 +22,10 @@ RECORD_FILE = "record.json"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FILE = "checkpoint.pt"
 SEARCH_FILE = "augtune_search.yaml"  # in an experiment folder: what `augtune resume` needs
-REPEAT_DIR = "repeat_best"  # the repeat-best experiment, nested in the search's folder
+REPEAT_DIR = "repeat_best"  # in a search's folder: the records of the repeat runs of its best
 COMPARE_FILE = "augtune_compare.yaml"  # in a compare experiment's folder
-COMPARE_SEARCH = "search"  # in a compare experiment's folder: the Tune run of every entrant's search
-COMPARE_REPEAT = "repeat"  # ... and the one of every entrant's best configuration on the shared seeds
+COMPARE_SEARCH = "search"  # in a compare experiment's folder: the Tune run of its searches and repeat
+COMPARE_REPEAT = "repeat"  # ... and the records of every entrant's best configuration on the shared seeds
 ERROR_FILE = "error.txt"  # in a Ray trial's folder: why it failed (written by Tune)
 REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contained report
 

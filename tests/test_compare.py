@@ -175,24 +175,27 @@ def test_only_the_first_seeds_repeat_run_draws_the_figures():
 def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):
     """Longest first: the runs left at the end are the short ones (a DiffAug run last would idle a slot)."""
     import json
-    from types import SimpleNamespace
 
-    from augtune.search.compare import epoch_seconds, repeat_runs
+    from ray import cloudpickle
 
-    plans = []
+    from augtune.search.compare import BestOfEach, epoch_seconds, repeat_runs
+
+    entrants = []
     for name, times, lr in (("cheap", [0.1, 0.2, 0.1], 0.1), ("dear", [3.0, 2.0], 0.2), ("unrun", [], 0.3)):
         (tmp_path / name / "t0").mkdir(parents=True)
         record = {"status": "completed", "params": {"train.lr": lr}, "epochs": [
             {"epoch": i + 1, "epoch_time_s": t, "knn_acc": 0.5} for i, t in enumerate(times)]}
         (tmp_path / name / "t0" / "record.json").write_text(json.dumps(record))
-        method = SimpleNamespace(base="simclr", augment=(name,))
-        plans.append(
-            SimpleNamespace(experiment=str(tmp_path / name), name=name, cfg=SimpleNamespace(method=method))
-        )
+        entrants.append((name, str(tmp_path / name), "simclr", (name,)))
     assert epoch_seconds(tmp_path / "dear") == 2.5 and epoch_seconds(tmp_path / "cheap") == 0.1
     assert epoch_seconds(tmp_path / "unrun") == 0.0 and epoch_seconds(tmp_path / "absent") == 0.0
     said = []
-    runs = repeat_runs(plans, "knn_acc", "max", (1, 2), said.append)
-    assert [(r["method.augment"], r["train.seed"], r["train.lr"]) for r in runs] == [
-        (["dear"], 1, 0.2), (["dear"], 2, 0.2), (["cheap"], 1, 0.1), (["cheap"], 2, 0.1)]
+    runs = repeat_runs(entrants, "knn_acc", "max", (1, 2), said.append)
+    shown = [(r["_entrant"], r["_repeat"]["method.augment"], r["_repeat"]["train.seed"],
+              r["_repeat"]["train.lr"]) for r in runs]
+    assert shown == [("dear", ["dear"], 1, 0.2), ("dear", ["dear"], 2, 0.2), ("cheap", ["cheap"], 1, 0.1),
+                     ("cheap", ["cheap"], 2, 0.1)]
     assert said == ["unrun: no finished search trial; it is left out of the repeat"]
+    # what Tune keeps of it: plain data, which unpickles (a Config's read-only mappings would not)
+    choose = cloudpickle.loads(cloudpickle.dumps(BestOfEach(tuple(entrants), "knn_acc", "max", (1, 2))))
+    assert choose([]) == runs

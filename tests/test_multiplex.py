@@ -147,9 +147,10 @@ def test_trial_parameters_name_their_entrant_and_drop_it_before_training(monkeyp
     import augtune.trainables.ray_trainable as rt
 
     seen = {}
-    monkeypatch.setattr(rt, "tune_trial", lambda params, base, experiment, on_completed=None: seen.update(
-        params=params, base=base, experiment=experiment))
+    monkeypatch.setattr(rt, "tune_trial", lambda params, base, experiment, **where: seen.update(
+        params=params, base=base, experiment=experiment, **where))
     rt.tune_entrant_trial({ENTRANT: "b", "train.lr": 0.1}, bases={"a": {"x": 1}, "b": {"x": 2}},
-                          experiments={"a": "/e/a", "b": "/e/b"})
-    assert seen == {"params": {"train.lr": 0.1}, "base": {"x": 2}, "experiment": "/e/b"}
+                          experiments={"a": "/e/a", "b": "/e/b"}, repeats="/e/repeat")
+    assert seen == {"params": {"train.lr": 0.1}, "base": {"x": 2}, "experiment": "/e/b",
+                    "repeats": "/e/repeat"}
 

@@ -114,6 +114,27 @@ def test_a_run_without_checkpoint_cannot_give_its_networks(tmp_path):
         run.method
 
 
+def test_a_run_whose_checkpoints_tune_keeps_apart_gives_its_networks_from_there(tmp_path):
+    """A repeat run's (or a compare trial's) record is in the repeat's folder, its checkpoints in Tune's
+    folder of the trial: the record names that folder, relative to itself."""
+    import json
+    import shutil
+
+    cfg = tiny()
+    train_run(cfg, load_dataset(cfg.dataset), tmp_path / "run", log=lambda s: None)
+    tune_folder = tmp_path / "exp" / "tune_trial_a" / "checkpoint_000001"
+    tune_folder.mkdir(parents=True)
+    shutil.move(tmp_path / "run" / "checkpoint.pt", tune_folder / "checkpoint.pt")
+    record_folder = tmp_path / "exp" / "repeat_best" / "tune_trial_a"
+    record_folder.mkdir(parents=True)
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    (record_folder / "record.json").write_text(json.dumps({**record, "checkpoints": "../../tune_trial_a"}))
+    run = load_run(record_folder)
+    assert run.checkpoint == record_folder / "../../tune_trial_a/checkpoint_000001/checkpoint.pt"
+    state = torch.load(tune_folder / "checkpoint.pt", weights_only=True)["method"]
+    assert all(torch.equal(v.cpu(), state[k]) for k, v in run.method.state_dict().items())
+
+
 class _Counter(Augmentation):
     """Counts the samples it saw in the epoch: a diagnostic, not a loss term."""
 

@@ -59,7 +59,7 @@ def _drain(gen) -> list:
     return list(iter(gen.next_trial, None))
 
 
-# -- variant generators (grid, random, the repeat phases) -----------------------------------------------
+# -- variant generators (grid, random) ---------------------------------------------------------------------
 
 GRID = {"x": tune.grid_search([1, 2, 3, 4, 5])}
 

@@ -110,7 +110,9 @@ def record_epochs(trial_dir: Path) -> int:
 
 
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
-    epochs = 12  # about half a second each: the kill lands in the middle of a trial
+    # 0.07 s each on an idle 2-core machine, 0.5 s on a loaded one: enough of them that a trial still runs
+    # well after the first has finished, so the kill lands in the middle of one, whatever the machine
+    epochs = 60
     config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
                           train={"epochs": epochs, "checkpoint_every": 1},  # the test is about continuing
                           search={"space": {"train.lr": "grid([0.001, 0.002, 0.003, 0.004])"},
@@ -180,7 +182,7 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
     worker = cluster.add_node(num_cpus=1)
     try:
         cluster.wait_for_nodes()
-        epochs = 16  # about half a second each: the node goes while both trials are mid-way
+        epochs = 60  # 0.07-0.5 s each: the node goes while both trials are mid-way, whatever the machine
         config = write_config(
             tmp_path,
             dataset={"max_train": None},
@@ -219,7 +221,7 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
             dirs = trial_dirs(exp) if exp.exists() else []
             # the trials' own records (written every epoch), not Tune's result logs: the driver copies those
             # to the experiment only now and then, and a whole trial can pass between two copies
-            if len(dirs) == 2 and all(2 <= record_epochs(d) < epochs - 4 for d in dirs):
+            if len(dirs) == 2 and all(2 <= record_epochs(d) < epochs // 2 for d in dirs):
                 break
             if driver.poll() is not None:
                 pytest.fail(f"search ended early:\n{driver.stdout.read()[-3000:]}")

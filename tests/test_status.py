@@ -87,20 +87,35 @@ def test_status_shows_the_last_value_tune_selects_on_and_marks_trials_stopped_ea
     assert r["a_00004"][1:4] == ["RUNNING", "0", "-"]
 
 
-def test_min_mode_and_the_repeat_phase_read_the_same_way(tmp_path, capsys):
+def test_min_mode_and_the_repeat_runs_of_the_same_tune_run_read_the_same_way(tmp_path, capsys):
+    """The repeat runs of a search's best are trials of its Tune run; their records are in `repeat_best/`."""
     exp = write_experiment(tmp_path / "exp", [
         trial("b_00000", "TERMINATED", {"train.lr": 0.1},
-              [{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 3.0}], "completed")],
-        metric="loss", mode="min")
-    write_experiment(exp / REPEAT_DIR, [
-        trial("c_00000", "TERMINATED", {"_repeat": {"train.lr": 0.1, "train.seed": 1}},
-              [{"epoch": 1, "loss": 1.5}], "completed")], metric="loss", mode="min")
+              [{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 3.0}], "completed"),
+        trial("c_00000", "ERROR", {"_repeat": {"train.lr": 0.1, "train.seed": 1}},
+              [{"epoch": 1, "loss": 1.5}], None)], metric="loss", mode="min")
+    (exp / REPEAT_DIR / "tune_trial_c_00000").mkdir(parents=True)
+    (exp / REPEAT_DIR / "tune_trial_c_00000" / "record.json").write_text(
+        json.dumps({"status": "failed", "error": "NonFiniteLoss: loss became nan at epoch 2"}))
     assert main(["status", str(exp)]) == 0
     out = capsys.readouterr().out
-    assert f"repeat_best {exp}/{REPEAT_DIR}: 1 terminated" in out
+    assert f"search {exp}: 1 terminated\n" in out
+    assert f"repeat_best {exp}/{REPEAT_DIR}: 1 error" in out
     lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("  ") and "_0" in ln}
     assert lines["b_00000"][3] == "3.0000"  # the last loss, not the minimum (2.0)
     assert lines["c_00000"][3:5] == ["1.5000", "train.lr=0.1"]  # a repeat run shows its own parameters
+    assert "NonFiniteLoss: loss became nan" in out  # from its record, in the repeat's folder
+
+
+def test_an_augtune_0_2_search_whose_repeat_was_a_tune_run_of_its_own_still_shows(tmp_path, capsys):
+    exp = write_experiment(tmp_path / "exp", [
+        trial("b_00000", "TERMINATED", {"train.lr": 0.1}, [{"epoch": 1, "knn_acc": 0.5}], "completed")])
+    write_experiment(exp / REPEAT_DIR, [
+        trial("c_00000", "TERMINATED", {"_repeat": {"train.lr": 0.1, "train.seed": 1}},
+              [{"epoch": 1, "knn_acc": 0.6}], "completed")])
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert f"search {exp}: 1 terminated" in out and f"repeat_best {exp}/{REPEAT_DIR}: 1 terminated" in out
 
 
 def test_last_value_reads_tunes_metric_analysis_then_the_last_result():
@@ -126,7 +141,12 @@ def test_a_compare_shows_its_entrants_trials_and_an_entrant_folder_its_own(tmp_p
               None),
         trial("s2", "TERMINATED", {"_entrant": "simclr+pinda", "pinda.mu": "zero"},
               [{"epoch": 1, "knn_acc": 0.6}], None),
+        trial("r1", "TERMINATED", {"_entrant": "simclr+pinda", "_repeat": {
+            "method.base": "simclr", "method.augment": ["pinda"], "pinda.mu": "zero", "train.seed": 1}},
+              [{"epoch": 2, "knn_acc": 0.7}], None),
     ])
+    (exp / "repeat" / "tune_trial_r1").mkdir(parents=True)  # a repeat run's record: in the repeat's folder
+    (exp / "repeat" / "tune_trial_r1" / "record.json").write_text(json.dumps({"status": "completed"}))
     (exp / "search" / SEARCH_FILE).unlink()  # a compare's search run has no search file of its own
     for name, folder, status in (("simclr", "tune_trial_s1", "completed"), ("simclr+pinda", "tune_trial_s2",
                                                                                "stopped")):
@@ -140,7 +160,10 @@ def test_a_compare_shows_its_entrants_trials_and_an_entrant_folder_its_own(tmp_p
     assert f"search {exp.resolve()}/search: 2 terminated (1 stopped early by the scheduler)" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("  s")]
     assert [r[:3] for r in rows] == [["s1", "simclr", "TERMINATED"], ["s2", "simclr+pinda", "STOPPED"]]
-    assert "_entrant" not in out
+    assert f"repeat {exp.resolve()}/repeat: 1 terminated" in out
+    (repeat,) = [line.split() for line in out.splitlines() if line.startswith("  r1")]
+    assert repeat[1:5] == ["simclr+pinda", "TERMINATED", "2", "0.7000"]
+    assert "_entrant" not in out and "_repeat" not in out
     assert main(["status", str(exp / "simclr+pinda")]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  s")]
     assert [r[:2] for r in rows] == [["s2", "simclr+pinda"]]

@@ -57,11 +57,21 @@ def run_stem(run: "Run") -> str:
     return f"{run.record['method']}_seed{run.record['seed']}".replace("+", "_")
 
 
-def _newest_checkpoint(folder: Path) -> Optional[Path]:
+def _newest_checkpoint(folder: Path, record: Optional[dict] = None) -> Optional[Path]:
+    """A run's newest checkpoint: in its folder, in Ray's `checkpoint_*` folders of it (Train's under its
+    `train-*` folder), or in Tune's folder of the trial that the record names (`checkpoints`: Tune keeps a
+    repeat run's or a compare trial's apart from its record)."""
     if (folder / CHECKPOINT_FILE).is_file():
         return folder / CHECKPOINT_FILE
-    ray_ckpts = sorted(folder.glob(f"checkpoint_*/{CHECKPOINT_FILE}"))  # Ray names them checkpoint_000012
-    return ray_ckpts[-1] if ray_ckpts else None
+    where = [folder]
+    if isinstance((record or {}).get("checkpoints"), str):
+        where.append(folder / record["checkpoints"])
+    for place in where:  # Ray names them checkpoint_000012
+        for pattern in (f"checkpoint_*/{CHECKPOINT_FILE}", f"train-*/checkpoint_*/{CHECKPOINT_FILE}"):
+            ray_ckpts = sorted(place.glob(pattern), key=lambda p: p.parent.name)
+            if ray_ckpts:
+                return ray_ckpts[-1]
+    return None
 
 
 @dataclass
@@ -181,7 +191,7 @@ def load_run(path: Path) -> Run:
         record = read_record(folder)
     except ValueError as e:
         raise PlotError(str(e)) from None
-    return Run(folder, record, _newest_checkpoint(folder))
+    return Run(folder, record, _newest_checkpoint(folder, record))
 
 
 def find_runs(paths: list[Path]) -> list[Run]:

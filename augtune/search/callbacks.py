@@ -9,7 +9,7 @@ from ray.tune import Callback
 
 from augtune.records import RECORD_FILE, now, read_record, write_record
 from augtune.search.status import error_line
-from augtune.trainables.ray_trainable import ENTRANT
+from augtune.trainables.ray_trainable import ENTRANT, REPEAT
 
 
 class StepStatuses(Callback):
@@ -33,13 +33,15 @@ class SettleRecords(Callback):
     already says how it ended (completed, or failed with the loop's own reason) is left alone.
 
     A trial's record is in its folder of the experiment (`trial.path`), or, in a Tune run that several
-    searches share (`augtune.search.multiplex`), in the folder of its own search: `folders[entrant]`."""
+    searches share (`augtune.search.multiplex`), in the folder of its own search: `folders[entrant]`; a
+    repeat run's (`augtune.search.repeat`) is in `repeats`."""
 
-    def __init__(self, folders: dict[str, str] | None = None):
-        self.folders = folders or {}
+    def __init__(self, folders: dict[str, str] | None = None, repeats: str | None = None):
+        self.folders, self.repeats = folders or {}, repeats
 
     def _where(self, trial) -> str:
-        folder = self.folders.get((getattr(trial, "config", None) or {}).get(ENTRANT))
+        config = getattr(trial, "config", None) or {}
+        folder = self.repeats if REPEAT in config else self.folders.get(config.get(ENTRANT))
         return trial.path if folder is None else f"{folder.rstrip('/')}/{Path(trial.path).name}"
 
     def _settle(self, trial, status: str, error: str | None) -> None:

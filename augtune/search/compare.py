@@ -10,9 +10,9 @@ made by `augtune.analysis` from the records on disk.
 The experiment folder holds `augtune_compare.yaml` (what `augtune resume` needs); one folder per entrant,
 named by its label (`simclr+pinda`), with its plan, its Optuna study and its trials' records; `search/`:
 the one Ray experiment of every entrant's search (`augtune.search.multiplex`: each entrant keeps its
-study, budget, limit and scheduler; they share the trial processes); and `repeat/`: the one Ray
-experiment that re-runs every entrant's best configuration on the shared seeds. Resuming finishes the
-searches, then the repeat.
+study, budget, limit and scheduler; they share the trial processes) and then of the repeat of every
+entrant's best configuration on the shared seeds (`augtune.search.repeat`), whose records are in
+`repeat/`. Resuming finishes the searches, then the repeat.
 """
 from __future__ import annotations
 
@@ -114,22 +114,14 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
 
 def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
                 callbacks: Optional[list] = None) -> None:
-    """Every entrant's search in one Ray experiment (a finished one is only resumed: quick), then one
-    repeat experiment of every entrant's best configuration on the shared seeds. Only the repeat's runs
-    draw the methods' end-of-run figures (`on_completed`): they are the runs the report shows."""
-    plan.save()
-    _title(callbacks, COMPARE_SEARCH)
-    search_all(plan, log, callbacks)
-    _title(callbacks, COMPARE_REPEAT)
-    repeat_all(plan, log, on_completed, callbacks)
-
-
-def search_all(plan: ComparePlan, log: Callable[[str], None], callbacks: Optional[list] = None) -> None:
-    """Every entrant's search in one Ray experiment (`search/`), started or resumed."""
+    """Every entrant's search, then the repeat of every entrant's best configuration on the shared seeds,
+    in one Ray experiment (`search/`; `augtune.search.repeat`), started or resumed. Only the repeat's runs
+    of the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
+    shows."""
     from ray import tune
 
-    from augtune.search.launch import (Lock, _check_finished, _clear_lost_start, _fit, _optuna_storage,
-                                       _run_config, _save_plan, connect)
+    from augtune.search.launch import (Lock, _clear_lost_start, _optuna_storage, _run_config, _save_plan,
+                                       connect, finish, search_algorithm)
     from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
     from augtune.search.plan import concurrency, trial_resources
     from augtune.search.recovery import prepare_restore
@@ -137,13 +129,17 @@ def search_all(plan: ComparePlan, log: Callable[[str], None], callbacks: Optiona
     from augtune.spaces import resolve_space
     from augtune.trainables.ray_trainable import tune_entrant_trial
 
+    plan.save()
     first = plan.plans[0]
     cfg = first.cfg
     path = f"{plan.experiment}/{COMPARE_SEARCH}"
+    repeats = f"{plan.experiment}/{COMPARE_REPEAT}"
     folders = {p.name: p.experiment for p in plan.plans}
+    figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
     trainable = tune.with_resources(
         tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
-                             experiments=folders),
+                             experiments=folders, repeats=repeats, on_repeat_completed=figures,
+                             tune_run=path),
         trial_resources(cfg),
     )
     total = sum(p.cfg.search.num_samples for p in plan.plans)
@@ -164,25 +160,23 @@ def search_all(plan: ComparePlan, log: Callable[[str], None], callbacks: Optiona
                 if own is not None:
                     schedulers[p.name] = own
             log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
-                f"time, optimising {cfg.search.metric} ({cfg.search.mode})")
+                f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then each entrant's best on "
+                f"{len(cfg.search.repeat_best.seeds)} seeds")
+            search_alg, sched = search_algorithm(
+                EntrantsSearch(entrants, conc),
+                BestOfEach.of(plan),
+                conc, EntrantsScheduler(schedulers),
+            )
             tuner = tune.Tuner(
                 trainable,
                 param_space={},
-                tune_config=tune.TuneConfig(
-                    metric=cfg.search.metric, mode=cfg.search.mode, search_alg=EntrantsSearch(entrants, conc),
-                    scheduler=EntrantsScheduler(schedulers) if schedulers else None, num_samples=total,
-                    reuse_actors=True,
-                ),
-                run_config=_run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders),
+                tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
+                                            search_alg=search_alg, scheduler=sched, num_samples=total,
+                                            reuse_actors=True),
+                run_config=_run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
+                                       repeats),
             )
-        results, stepped = _fit(tuner)
-        _check_finished(results, _Named(plan.experiment), total, stepped)
-
-
-def _title(callbacks: Optional[list], title: str) -> None:
-    for cb in callbacks or []:  # the progress line names the phase
-        if hasattr(cb, "title"):
-            cb.title = title
+        finish(tuner, plan.experiment)
 
 
 def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
@@ -219,55 +213,46 @@ def epoch_seconds(folder: Path) -> float:
     return statistics.median(times) if times else 0.0
 
 
-def repeat_runs(plans, metric: str, mode: str, seeds, log: Callable[[str], None]) -> list[dict]:
-    """Every entrant's best parameters once per seed, the costliest entrants first (by their search's
-    epochs): the last runs to start are then short ones, and no slot idles through a long one at the end
-    (longest processing time first)."""
+def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], None]) -> list[dict]:
+    """Every entrant's best parameters once per seed, as repeat trials' configs (`{REPEAT: parameters,
+    ENTRANT: name}`), the costliest entrants first (by their search's epochs): the last runs to start are
+    then short ones, and no slot idles through a long one at the end (longest processing time first).
+    `entrants`: (name, records folder, base, augment) of each."""
+    from augtune.trainables.ray_trainable import ENTRANT, REPEAT
+
     runs = []
-    for p in sorted(plans, key=lambda p: -epoch_seconds(Path(p.experiment))):
-        best = best_of(Path(p.experiment), metric, mode)
+    for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(Path(e[1]))):
+        best = best_of(Path(folder), metric, mode)
         if best is None:
-            log(f"{p.name}: no finished search trial; it is left out of the repeat")
+            log(f"{name}: no finished search trial; it is left out of the repeat")
             continue
-        method = {"method.base": p.cfg.method.base, "method.augment": list(p.cfg.method.augment)}
-        runs += [{**best, **method, "train.seed": s} for s in seeds]
+        method = {"method.base": base, "method.augment": list(augment)}
+        runs += [{REPEAT: {**best, **method, "train.seed": s}, ENTRANT: name} for s in seeds]
     return runs
 
 
-def repeat_all(plan: ComparePlan, log: Callable[[str], None], on_completed=None,
-               callbacks: Optional[list] = None) -> None:
-    """Every entrant's best configuration on the shared seeds, in one Ray experiment (`repeat/`)."""
-    from ray import tune
+@dataclass(frozen=True)
+class BestOfEach:
+    """The repeat of a compare (`repeat.SearchThenRepeat`'s `choose`): every entrant's best search trial,
+    from the records on disk, once per shared seed. Plain data: Tune pickles it with the run's state."""
 
-    from augtune.search.launch import (Lock, _check_finished, _fit, _run_config, _trainable, connect,
-                                       repeat_tune_config)
-    from augtune.search.recovery import prepare_restore
-    from augtune.search.plan import concurrency
+    entrants: tuple  # (name, records folder, base, augment) of each
+    metric: str
+    mode: str
+    seeds: tuple
 
-    first = plan.plans[0]
-    cfg = first.cfg
-    with Lock(plan.experiment):
-        conc = concurrency(cfg, connect(cfg, first.address, first.dashboard))
-        path = f"{plan.experiment}/{COMPARE_REPEAT}"
-        figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
-        trainable = _trainable(first.base, cfg, path, figures)
-        expected = None
-        if tune.Tuner.can_restore(path):
-            prepare_restore(path)
-            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            runs = repeat_runs(
-                plan.plans, cfg.search.metric, cfg.search.mode, cfg.search.repeat_best.seeds, log
-            )
-            expected = len(runs)
-            log(f"repeat: {len(runs) // max(1, len(cfg.search.repeat_best.seeds))} entrants x "
-                f"{len(cfg.search.repeat_best.seeds)} seeds")
-            tuner = tune.Tuner(trainable, param_space={"_repeat": tune.grid_search(runs)},
-                               tune_config=repeat_tune_config(conc),
-                               run_config=_run_config(cfg, COMPARE_REPEAT, plan.experiment,
-                                                      callbacks or []))
-        results, stepped = _fit(tuner)
-        _check_finished(results, _Named(plan.experiment), expected, stepped)
+    @classmethod
+    def of(cls, plan: "ComparePlan") -> "BestOfEach":
+        s = plan.plans[0].cfg.search
+        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
+                         for p in plan.plans), s.metric, s.mode, tuple(s.repeat_best.seeds))
+
+    def __call__(self, ended: list) -> list[dict]:
+        return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 class FirstSeedFigures:
@@ -283,13 +268,6 @@ class FirstSeedFigures:
         if record.get("seed") == self.seed:
             return self.hook(trainer, run_dir, record, log)
         return None
-
-
-class _Named:
-    """What `_check_finished` reads of a plan: the experiment to name in its messages."""
-
-    def __init__(self, experiment: str):
-        self.experiment = experiment
 
 
 def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:

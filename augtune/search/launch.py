@@ -5,8 +5,9 @@ The plan (`augtune.search.plan`) has checked everything before this module start
 - a local Ray runs with Ray's token authentication (a local search refuses RAY_AUTH_MODE=disabled),
   its dashboard and metrics exporter off unless asked (see `connect` for what still listens);
 - one search per experiment folder at a time (a lock file with the owner's pid and host);
-- trial processes are reused across trials and the repeat phase (`reuse_actors`; each trial resets
-  the global state it could inherit: `trainables.ray_trainable.isolate_trial`);
+- a search and the repeat of its best are one Tune run (`augtune.search.repeat`), whose trial processes
+  are reused across all its trials (`reuse_actors`; each trial resets the global state it could inherit:
+  `trainables.ray_trainable.isolate_trial`): the repeat starts no process and no cluster again;
 - Optuna keeps its study in the experiment folder (`optuna.journal`, Optuna's journal file), so
   optuna-dashboard and Optuna's plots open it, and a resumed search continues the same study;
 - an interrupted search (Ctrl-C) stops with its trials checkpointed and never repeats the best of a
@@ -24,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from augtune.config import Config, ConfigError, run_signature, to_dict
+from augtune.config import Config, ConfigError, to_dict
 from augtune.records import REPEAT_DIR, SEARCH_FILE, process_started
 from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
 from augtune.search.recovery import prepare_restore
@@ -118,18 +119,29 @@ def check_local_auth() -> None:
                           "and pass --address")
 
 
-def _trainable(base: dict, cfg: Config, experiment: str, on_completed: Optional[Callable] = None):
-    """The trainable of an experiment whose Tune folder (or URI) is `experiment`."""
+def _trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
+    """The trainable of a search's Tune run: its trials keep their records in the experiment folder (or
+    URI), its repeat runs in `repeat_best/` of it; the repeat runs draw the end-of-run figures when there
+    is a repeat phase, else the search's trials do (a figure per trial, NRCC's UMAP say, costs seconds to
+    minutes each)."""
     from ray import tune
 
     from augtune.trainables.ray_trainable import tune_trial
 
-    trainable = tune.with_parameters(tune_trial, base=base, experiment=experiment, on_completed=on_completed)
-    return tune.with_resources(trainable, trial_resources(cfg))
+    repeats = plan.cfg.search.repeat_best.top > 0
+    trainable = tune.with_parameters(
+        tune_trial, base=plan.base, experiment=plan.experiment, repeats=f"{plan.experiment}/{REPEAT_DIR}",
+        on_completed=None if repeats else on_completed, on_repeat_completed=on_completed,
+        tune_run=plan.experiment,
+    )
+    return tune.with_resources(trainable, trial_resources(plan.cfg))
 
 
-def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None):
-    """`folders`: where the records of a Tune run that several searches share are (`SettleRecords`)."""
+def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
+                repeats: Optional[str] = None):
+    """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
+    a compare's entrants' searches, the repeat runs (`SettleRecords`). A compare's Tune run (`folders`
+    given) is nested in its experiment, and logged as it."""
     from ray import tune
 
     from augtune.search.callbacks import SettleRecords
@@ -139,7 +151,8 @@ def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: 
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.search.keep_checkpoints),
-        callbacks=[SettleRecords(folders), *logger_callbacks(cfg, storage, name), *callbacks],
+        callbacks=[SettleRecords(folders, repeats),
+                   *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
     )
 
 
@@ -233,46 +246,70 @@ class Lock:
 
 # -- running ----------------------------------------------------------------------------------------------
 
-def _fit(tuner) -> tuple[Any, dict[str, str]]:
-    """Run a Tuner (new or restored); its results and each trial's status as Tune's last step left it
-    (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one)."""
+def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
+    """Run a Tuner (new or restored); its results, each trial's status as Tune's last step left it
+    (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one), and
+    its search algorithm (the object Tune ran, restored or not)."""
     from augtune.search.callbacks import StepStatuses
 
     run_config = tuner._local_tuner.get_run_config()
+    algorithm = tuner._local_tuner._tune_config.search_alg
     stepped = next((c for c in run_config.callbacks or [] if isinstance(c, StepStatuses)), None)
     if stepped is None:
         stepped = StepStatuses()
         run_config.callbacks = [*(run_config.callbacks or []), stepped]
-    return tuner.fit(), stepped.statuses
+    for callback in run_config.callbacks:
+        if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
+            callback.phases = algorithm
+    return tuner.fit(), stepped.statuses, algorithm
 
 
-def _check_finished(results, plan: SearchPlan, expected: Optional[int], stepped: dict[str, str]) -> None:
+def _check_finished(results, experiment: str, stepped: dict[str, str], algorithm) -> None:
     """Raise SearchInterrupted when trials are left unfinished as Tune's last step left them (`stepped`:
-    an interrupted run's clean-up marks them ended), SearchFailed when all of them failed."""
+    an interrupted run's clean-up marks them ended) or the search algorithm has trials still to make,
+    SearchFailed when all of them failed."""
     trials = list(results._experiment_analysis.trials)
     unfinished = [
         t for t in trials if t.status not in FINISHED or stepped.get(t.trial_id, t.status) not in FINISHED
     ]
-    if unfinished or (expected is not None and len(trials) < expected):
-        raise SearchInterrupted(plan.experiment)
+    if unfinished or not algorithm.is_finished():
+        raise SearchInterrupted(experiment)
     if trials and all(t.status == "ERROR" for t in trials):
         from augtune.search.status import error_line
 
         first = next((error_line(Path(t.error_file)) for t in trials if t.error_file), "") or "see error.txt"
-        raise SearchFailed(f"every trial of {plan.experiment} failed; the first: {first}")
+        raise SearchFailed(f"every trial of {experiment} failed; the first: {first}")
 
 
-def _expected(cfg: Config) -> Optional[int]:
-    """How many trials the search makes, when the searcher says so up front (Optuna: num_samples)."""
-    return cfg.search.num_samples if cfg.search.algorithm == "optuna" else None
+def finish(tuner, experiment: str) -> None:
+    """Run the Tuner of a search and its repeat (new or restored) to its end, or say why it did not end."""
+    from augtune.search.repeat import SearchThenRepeat
+
+    if not isinstance(tuner._local_tuner._tune_config.search_alg, SearchThenRepeat):
+        raise ConfigError(f"{experiment}: started by an augtune older than 0.3, whose repeat phase was a "
+                          "Tune run of its own; continue it with the augtune version that started it")
+    results, stepped, algorithm = _fit(tuner)
+    _check_finished(results, experiment, stepped, algorithm)
+
+
+def search_algorithm(search, choose, conc: int, scheduler=None):
+    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`), and the
+    scheduler: the search's own for its trials (ASHA), never one that stops a repeat run early."""
+    from augtune.search.multiplex import EntrantsScheduler
+    from augtune.search.repeat import SearchThenRepeat
+
+    if scheduler is not None and not isinstance(scheduler, EntrantsScheduler):
+        scheduler = EntrantsScheduler({None: scheduler})
+    return SearchThenRepeat(search, choose, conc), scheduler
 
 
 def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
                callbacks: Optional[list] = None) -> None:
-    """Launch the search and, when asked, the repeat of its best configurations (`on_completed`: what
-    each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
+    """Launch the search and, when asked, the repeat of its best configurations, in one Tune run
+    (`on_completed`: what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
     from ray import tune
 
+    from augtune.search.repeat import RepeatBest
     from augtune.search.searchers import restorable, scheduler, searcher
     from augtune.spaces import resolve_space
 
@@ -282,36 +319,24 @@ def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_complete
         _save_plan(plan)
         cfg = plan.cfg
         algorithm, param_space = searcher(cfg, resolve_space(cfg.search), _optuna_storage(plan))
+        rb = cfg.search.repeat_best
         log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
-            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})")
+            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
+            + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
+               + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
+        # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
+        search_alg, sched = search_algorithm(restorable(algorithm, conc), RepeatBest(to_dict(cfg)), conc,
+                                             scheduler(cfg))
         tuner = tune.Tuner(
-            _trainable(plan.base, cfg, plan.experiment, _search_phase(on_completed, cfg)),
+            _trainable(plan, on_completed),
             param_space=param_space,
-            # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
-            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
-                                        search_alg=restorable(algorithm, conc), scheduler=scheduler(cfg),
-                                        num_samples=cfg.search.num_samples, reuse_actors=True),
-            run_config=_run_config(cfg, plan.name, plan.storage, callbacks or []),
+            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
+                                        scheduler=sched, num_samples=cfg.search.num_samples,
+                                        reuse_actors=True),
+            run_config=_run_config(cfg, plan.name, plan.storage, callbacks or [],
+                                   repeats=f"{plan.experiment}/{REPEAT_DIR}"),
         )
-        results, stepped = _fit(tuner)
-        _check_finished(results, plan, _expected(cfg), stepped)
-        repeat_best(plan, results, conc, log, on_completed=on_completed, callbacks=callbacks)
-
-
-def repeat_tune_config(conc: int):
-    """The TuneConfig of a repeat phase: a grid of whole parameter sets, `conc` at a time, by a variant
-    generator that agrees with Tune's trials when restored (`searchers.ReplayingVariantGenerator`)."""
-    from ray import tune
-
-    from augtune.search.searchers import ReplayingVariantGenerator, restorable
-
-    return tune.TuneConfig(search_alg=restorable(ReplayingVariantGenerator(), conc), reuse_actors=True)
-
-
-def _search_phase(on_completed: Optional[Callable], cfg: Config) -> Optional[Callable]:
-    """The end-of-run hook of the search's own trials: the figures are the repeat runs' when there is a
-    repeat phase (a figure per search trial, NRCC's UMAP say, costs seconds to minutes each)."""
-    return on_completed if cfg.search.repeat_best.top == 0 else None
+        finish(tuner, plan.experiment)
 
 
 def check_trusted(experiment: str) -> None:
@@ -340,14 +365,13 @@ def check_trusted(experiment: str) -> None:
 
 def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable[[str], None] = print,
                   on_completed: Optional[Callable] = None, callbacks: Optional[list] = None) -> None:
-    """Finish the search phase, then (and only then) repeat the best of the whole search."""
+    """Finish the search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
     from ray import tune
 
     from augtune.search.loggers import only_chosen_loggers
 
     check_trusted(plan.experiment)
     only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with
-    trainable = _trainable(plan.base, plan.cfg, plan.experiment, _search_phase(on_completed, plan.cfg))
     if not tune.Tuner.can_restore(plan.experiment):  # killed before Tune saved anything: start again
         with Lock(plan.experiment):  # a search running there right now keeps its study
             _clear_lost_start(plan)
@@ -355,15 +379,12 @@ def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable
         return run_search(plan, log, on_completed, callbacks)
     with Lock(plan.experiment):
         prepare_restore(plan.experiment)
-        cluster = connect(plan.cfg, plan.address, plan.dashboard)
-        conc = concurrency(plan.cfg, cluster)
+        connect(plan.cfg, plan.address, plan.dashboard)
         log(f"resuming {plan.experiment}")
-        tuner = tune.Tuner.restore(plan.experiment, trainable=trainable, resume_unfinished=True,
-                                   resume_errored=not restart_errored, restart_errored=restart_errored)
-        results, stepped = _fit(tuner)
-        _check_finished(results, plan, _expected(plan.cfg), stepped)
-        repeat_best(plan, results, conc, log, restart_errored=restart_errored, on_completed=on_completed,
-                    callbacks=callbacks)
+        tuner = tune.Tuner.restore(plan.experiment, trainable=_trainable(plan, on_completed),
+                                   resume_unfinished=True, resume_errored=not restart_errored,
+                                   restart_errored=restart_errored)
+        finish(tuner, plan.experiment)
 
 
 def _clear_lost_start(plan: SearchPlan) -> None:
@@ -375,60 +396,3 @@ def _clear_lost_start(plan: SearchPlan) -> None:
             raise ConfigError(f"{plan.experiment}: Tune's state is missing but {name} is there; move the "
                               "folder aside and start the search again")
     delete(plan.experiment, OPTUNA_FILE)
-
-
-def best_configs(results, cfg: Config) -> list[dict]:
-    """The `repeat_best.top` best distinct parameter sets of finished trials (of each value of
-    `repeat_best.per`, when given: the best learning rate of every method, say)."""
-    rb = cfg.search.repeat_best
-    scored = [r for r in results if r.error is None and r.metrics and cfg.search.metric in r.metrics]
-    scored.sort(key=lambda r: r.metrics[cfg.search.metric], reverse=cfg.search.mode == "max")
-    out: list[dict] = []
-    taken: dict[Any, int] = {}
-    seen: list[dict] = []
-    for r in scored:
-        params = {k: v for k, v in r.config.items() if k != "train.seed"}
-        group = repr(params.get(rb.per)) if rb.per else None
-        # Two sets that differ only in keys the run never reads (`pinda.mu` of a CLAE run) are one
-        # configuration: repeat it once.
-        base = params.get("method.base", cfg.method.base)
-        label = "+".join([base, *params.get("method.augment", cfg.method.augment)])
-        read = run_signature(params, label)
-        if read in seen or taken.get(group, 0) == rb.top:
-            continue
-        seen.append(read)
-        out.append(params)
-        taken[group] = taken.get(group, 0) + 1
-    return out
-
-
-def repeat_best(plan: SearchPlan, results, conc: int, log: Callable[[str], None],
-                restart_errored: bool = False, on_completed: Optional[Callable] = None,
-                callbacks: Optional[list] = None) -> None:
-    """Re-run the best configurations once per seed (a nested experiment, `repeat_best/`)."""
-    from ray import tune
-
-    rb = plan.cfg.search.repeat_best
-    if rb.top == 0:
-        return
-    storage = plan.experiment
-    trainable = _trainable(plan.base, plan.cfg, f"{storage}/{REPEAT_DIR}", on_completed)
-    expected = None  # a restored repeat: its unfinished trials say whether it is done
-    if tune.Tuner.can_restore(f"{storage}/{REPEAT_DIR}"):  # a folder or a URI
-        prepare_restore(f"{storage}/{REPEAT_DIR}")
-        tuner = tune.Tuner.restore(f"{storage}/{REPEAT_DIR}", trainable=trainable, resume_unfinished=True,
-                                   resume_errored=not restart_errored, restart_errored=restart_errored)
-    else:
-        best = best_configs(results, plan.cfg)
-        if not best:
-            log("repeat_best: no finished trial to repeat")
-            return
-        runs = [{**params, "train.seed": seed} for params in best for seed in rb.seeds]
-        expected = len(runs)  # an interrupted repeat may not have created its pending trials yet
-        log(f"repeat_best: {len(best)} configuration(s) x {len(rb.seeds)} seeds")
-        tuner = tune.Tuner(trainable, param_space={"_repeat": tune.grid_search(runs)},
-                           tune_config=repeat_tune_config(conc),
-                           run_config=_run_config(plan.cfg, REPEAT_DIR, storage, callbacks or []))
-    results, stepped = _fit(tuner)
-    # an interrupted repeat resumes from the search's folder
-    _check_finished(results, plan, expected, stepped)

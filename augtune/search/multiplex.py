@@ -28,7 +28,7 @@ from ray import cloudpickle
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import SearchAlgorithm
 
-from augtune.trainables.ray_trainable import ENTRANT
+from augtune.trainables.ray_trainable import ENTRANT, REPEAT
 
 STATE_FILE = "entrants-search-state-{}.pkl"  # recovery.TUNE_STATE knows it
 
@@ -147,8 +147,12 @@ class EntrantsSearch(SearchAlgorithm):
             state = cloudpickle.load(f)
         self._subs, self._owner, self._turn = state["subs"], state["owner"], state["turn"]
         trials = restored_trials(dirpath)
-        if trials is None:
-            return
+        if trials is not None:
+            self.reconcile(trials)
+
+    def reconcile(self, trials: list) -> None:
+        """Agree with `trials` (`recovery.RestoredTrial`), the search trials Tune restored: each entrant's
+        algorithm with its own."""
         self._live = {t.trial_id for t in trials if not t.finished}
         mine: dict[str, list] = {name: [] for name in self._subs}
         for t in trials:
@@ -163,8 +167,9 @@ class EntrantsSearch(SearchAlgorithm):
 
 
 class EntrantsScheduler(FIFOScheduler):
-    """Each trial goes to its entrant's scheduler (`name -> TrialScheduler`, e.g. ASHA); trials run in
-    the order they were made (FIFO), as ASHA runs them."""
+    """Each trial goes to its entrant's scheduler (`name -> TrialScheduler`, e.g. ASHA; a search of its
+    own is the entrant None); trials run in the order they were made (FIFO), as ASHA runs them. A repeat
+    run (`augtune.search.repeat`) is never stopped early: it runs to the end whatever its entrant."""
 
     def __init__(self, schedulers: dict[str, TrialScheduler]):
         super().__init__()
@@ -176,6 +181,8 @@ class EntrantsScheduler(FIFOScheduler):
         return super().set_search_properties(metric, mode, **spec) and all(ok)
 
     def _of(self, trial) -> TrialScheduler:
+        if REPEAT in (getattr(trial, "config", None) or {}):
+            return self._fifo
         return self._schedulers.get(entrant_of(trial)) or self._fifo
 
     def on_trial_add(self, tune_controller, trial) -> None:
@@ -194,4 +201,4 @@ class EntrantsScheduler(FIFOScheduler):
         self._of(trial).on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
-        return "; ".join(f"{name}: {s.debug_string()}" for name, s in self._schedulers.items())
+        return "; ".join(f"{name or 'search'}: {s.debug_string()}" for name, s in self._schedulers.items())

@@ -1,9 +1,10 @@
 """A console a person can read: one progress view of a search, and Ray's own chatter in a log file.
 
 `Progress` is a Tune callback: trials done / running / pending / failed, the best value so far with
-its configuration, the elapsed time and an estimate of what is left. On a terminal it rewrites one
-line in place; otherwise (a file, CI) it prints a plain line at most every `every_s` seconds and
-when a trial ends. No colour codes anywhere. `quiet_ray(log_file)` sends the `ray` loggers and
+its configuration, the elapsed time and an estimate of what is left, of the phase under way (a search's
+trials, then the repeat runs of its best, in one Tune run: `augtune.search.repeat`). On a terminal it
+rewrites one line in place; otherwise (a file, CI) it prints a plain line at most every `every_s`
+seconds and when a trial ends. No colour codes anywhere. `quiet_ray(log_file)` sends the `ray` loggers and
 Python warnings to `<experiment>/augtune.log` (`augtune -v` keeps them on the console).
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Callable, Optional, TextIO
 from ray.tune import Callback
 
 from augtune.config import format_value
-from augtune.trainables.ray_trainable import ENTRANT
+from augtune.trainables.ray_trainable import ENTRANT, REPEAT
+
+REPEAT_TITLE = "repeat"
 
 
 class Progress(Callback):
@@ -43,31 +46,51 @@ class Progress(Callback):
         self.ended = 0
         self.printed = ""  # the last line written to a file: the same line is not written twice
         self.stepped: Optional[list] = None  # the trials as Tune's last step left them
+        # the run's search algorithm when it repeats the best (`repeat.SearchThenRepeat`): how many repeat
+        # runs it chose; set by `launch` for every run, new or restored, and never pickled with Tune's state
+        self.phases = None
+        self.repeating = False  # the repeat phase is under way: its trials are the ones counted
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "phases": None}
 
     # -- Tune's hooks ---------------------------------------------------------------------------------
 
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
-        """A new experiment (a compare's next entrant, a repeat phase): counts and best start again."""
+        """A new Tune run (a new or resumed search): counts and best start again."""
         self.total = total_num_samples or self.total
         self.start, self.best, self.ended, self.last_print = self.clock(), None, 0, -1e9
-        self.stepped = None
+        self.stepped, self.repeating = None, False
 
     def on_step_end(self, iteration, trials, **info):
-        self.stepped = [SimpleNamespace(status=t.status) for t in trials]
+        self.stepped = [SimpleNamespace(status=t.status, config=t.config) for t in trials]
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._follow(trials)
         value = result.get(self.metric)
-        if isinstance(value, (int, float)) and (self.best is None or self._better(value, self.best[0])):
-            self.best = (float(value), dict(trial.config))
+        if _is_repeat(trial) == self.repeating and isinstance(value, (int, float)) and (
+            self.best is None or self._better(value, self.best[0])
+        ):
+            self.best = (float(value), _shown_config(trial.config))
         self._show(trials, force=False)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.ended += 1
+        self._follow(trials)
+        self.ended += _is_repeat(trial) == self.repeating
         self._show(trials, force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.ended += 1
-        self._show(trials, force=True)
+        self.on_trial_complete(iteration, trials, trial)
+
+    def _follow(self, trials) -> None:
+        """The repeat phase has begun (its first trial exists): the line counts its trials from now on."""
+        if not self.repeating and any(_is_repeat(t) for t in trials):
+            self.last_print = -1e9
+            self._show(trials, force=True)  # the search's last count: every trial done
+            if self.tty:
+                self.stream.write("\n")
+            self.repeating = True
+            self.start, self.best, self.ended, self.last_print = self.clock(), None, 0, -1e9
 
     def on_experiment_end(self, trials, **info):
         self.last_print = -1e9
@@ -84,15 +107,20 @@ class Progress(Callback):
         return a > b if self.mode == "max" else a < b
 
     def line(self, trials) -> str:
+        trials = [t for t in trials if _is_repeat(t) == self.repeating]  # the phase under way
         counts = {"TERMINATED": 0, "RUNNING": 0, "PENDING": 0, "ERROR": 0, "PAUSED": 0}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
         done, failed = counts["TERMINATED"], counts["ERROR"]
-        total = self.total or len(trials)
+        if self.repeating:
+            chosen = getattr(self.phases, "runs", None)
+            title, total = REPEAT_TITLE, len(chosen) if chosen is not None else len(trials)
+        else:
+            title, total = self.title, self.total or len(trials)
         pending = max(counts["PENDING"] + counts["PAUSED"], total - len(trials) + counts["PENDING"])
         elapsed = self.clock() - self.start
         parts = [
-            f"{self.title}: {done + failed}/{total} done",
+            f"{title}: {done + failed}/{total} done",
             f"{counts['RUNNING']} running",
             f"{pending} pending",
         ]
@@ -100,8 +128,7 @@ class Progress(Callback):
             parts.append(f"{failed} failed")
         if self.best is not None:
             config = self.best[1]
-            params = ", ".join(f"{k}={format_value(v)}" for k, v in config.items()
-                               if k not in ("_repeat", ENTRANT))
+            params = ", ".join(f"{k}={format_value(v)}" for k, v in config.items() if k != ENTRANT)
             if ENTRANT in config:  # a compare's search: whose trial it is
                 params = f"{config[ENTRANT]}: {params}" if params else str(config[ENTRANT])
             parts.append(f"best {self.metric} {self.best[0]:.4f}" + (f" ({params})" if params else ""))
@@ -129,6 +156,22 @@ class Progress(Callback):
                 self.stream.flush()
                 self.printed = line
             self.last_print = now
+
+
+def _shown_config(config: dict) -> dict:
+    """What the line shows of a trial's config: a search trial's parameters, a repeat run's method and seed
+    (its whole parameter set is the best search trial's)."""
+    if REPEAT not in config:
+        return dict(config)
+    run = config[REPEAT]
+    method = "+".join(map(str, [run["method.base"], *(run.get("method.augment") or [])])) \
+        if "method.base" in run else None
+    shown = {ENTRANT: config.get(ENTRANT) or method} if config.get(ENTRANT) or method else {}
+    return {**shown, **({"train.seed": run["train.seed"]} if "train.seed" in run else {})}
+
+
+def _is_repeat(trial) -> bool:
+    return REPEAT in (getattr(trial, "config", None) or {})
 
 
 def _duration(seconds: float) -> str:

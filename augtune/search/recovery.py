@@ -8,7 +8,7 @@ leaves storage torn: an empty `result.json` of a finished trial, a searcher stat
 newer than the experiment state, a state file cut short (Tune then silently started the whole search
 again). Restoring from storage as it is then loses or repeats work.
 
-`prepare_restore` runs before every `Tuner.restore` (`augtune resume`, the repeat phases):
+`prepare_restore` runs before every `Tuner.restore` (`augtune resume`, a compare's restart):
 
 1. **The dead driver's last copy is finished** when its staging folder is still on this machine: every
    file storage lacks or holds cut short is taken from the staging copy, and Tune's state files as one
@@ -34,10 +34,13 @@ from pathlib import Path
 from typing import Optional
 
 from augtune.config import ConfigError
+from augtune.trainables.ray_trainable import REPEAT
 
 # Tune's own state files in an experiment folder: it restores from the newest of each kind (by name)
 TUNE_STATE = ("experiment_state-*.json", "basic-variant-state-*.json", "search_gen_state-*.json",
-              "searcher-state-*.pkl", "entrants-search-state-*.pkl")  # the last: augtune.search.multiplex
+              "searcher-state-*.pkl",
+              "entrants-search-state-*.pkl",  # augtune.search.multiplex
+              "search-then-repeat-state-*.pkl")  # augtune.search.repeat
 EXPERIMENT_STATE = "experiment_state-"
 RESULT_FILE = "result.json"  # Tune's per-trial result log, one JSON object per line, appended to
 
@@ -58,8 +61,8 @@ def staging_folder(experiment: str) -> Optional[Path]:
     """The newest staging folder on this machine of the Tune runs of `experiment`, or None.
 
     Staging folders are named by the experiment's folder name only, which other experiments share
-    (every `repeat_best`): one is taken only when its trial folders are the experiment's (trial folder
-    names carry a random id of their run). The newest is the one with the newest state file."""
+    (every compare's `search`): one is taken only when its trial folders are the experiment's (trial
+    folder names carry a random id of their run). The newest is the one with the newest state file."""
     from augtune.search.storage import names, split
 
     ray_tmp = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
@@ -247,9 +250,10 @@ class RestoredTrial:
         return self.status in ("TERMINATED", "ERROR")
 
 
-def restored_trials(folder: str) -> Optional[list[RestoredTrial]]:
+def restored_trials(folder: str, repeats: bool = False) -> Optional[list[RestoredTrial]]:
     """The trials of the newest experiment state in `folder` (Tune's driver staging folder, into which
-    Tune downloads the state it restores from), or None when there is none."""
+    Tune downloads the state it restores from), or None when there is none; a search's own trials only,
+    unless `repeats` (the repeat runs of its best, `augtune.search.repeat`, share its Tune run)."""
     states = sorted(Path(folder).glob(f"{EXPERIMENT_STATE}*.json"))
     if not states:
         return None
@@ -261,6 +265,8 @@ def restored_trials(folder: str) -> Optional[list[RestoredTrial]]:
     for trial_json, metadata in state.get("trial_data", []):
         trial = Trial.from_json_state(trial_json, stub=True)
         trial.restore_run_metadata(metadata)
+        if not repeats and REPEAT in (trial.config or {}):
+            continue
         out.append(RestoredTrial(trial.trial_id, trial.status, dict(trial.evaluated_params or {}),
                                  dict(trial.last_result or {}), dict(trial.config or {})))
     return out

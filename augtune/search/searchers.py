@@ -183,10 +183,9 @@ def restorable(algorithm, max_concurrent: int):
 
 
 class ReplayingVariantGenerator(BasicVariantGenerator):
-    """Tune's BasicVariantGenerator (grid and random search, the repeat phases) that, restored, replays
-    its variants from the start and skips those Tune already holds: the variants are deterministic (the
-    grid, and the sampler seeded with `search.seed`) and so are their trial ids, whichever snapshot its
-    saved state was."""
+    """Tune's BasicVariantGenerator (grid and random search) that, restored, replays its variants from the
+    start and skips those Tune already holds: the variants are deterministic (the grid, and the sampler
+    seeded with `search.seed`) and so are their trial ids, whichever snapshot its saved state was."""
 
     def add_configurations(self, experiments) -> None:
         super().add_configurations(experiments)

@@ -8,8 +8,9 @@ metric is the one Tune selects on: the last one the trial reported (a trial that
 fell back is shown where it ended, not at its peak). A trial the scheduler stopped early is TERMINATED
 to Tune; its record says `stopped`, and its row says so. An experiment kept in cloud storage
 (`s3://...`) is read from a temporary copy of these files (`augtune.search.storage.local_copy`).
-A compare experiment shows its search (every entrant's trials, in one Tune run) and its repeat, with the
-entrant of each trial.
+A search's repeat runs (in the search's Tune run: `augtune.search.repeat`) are listed after its trials; a
+compare experiment shows its search (every entrant's trials) and its repeat, with the entrant of each
+trial.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Optional
 
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ERROR_FILE, RECORD_FILE,
                              REPEAT_DIR, read_search_file)
-from augtune.trainables.ray_trainable import ENTRANT
+from augtune.trainables.ray_trainable import ENTRANT, REPEAT
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
 
@@ -35,6 +36,7 @@ class TrialStatus:
     error: str  # first line of the reason, "" when none
     folder: str
     stopped: bool = False  # stopped early by the scheduler (its record says `stopped`)
+    repeat: bool = False  # a repeat run of the search's best (`augtune.search.repeat`)
 
     @property
     def shown_status(self) -> str:
@@ -86,9 +88,11 @@ def _loads(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None) -> list[TrialStatus]:
+def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
+                repeats: Optional[Path] = None) -> list[TrialStatus]:
     """The trials of the Tune experiment in `exp_dir`; `entrants`: the compare folder whose entrant
-    folders hold the records of a Tune run that several searches share (`<entrants>/<entrant>/<trial>`)."""
+    folders hold the records of a Tune run that several searches share (`<entrants>/<entrant>/<trial>`);
+    `repeats`: the folder of the repeat runs' records (`<repeats>/<trial>`)."""
     state_file = _latest_state(exp_dir)
     if state_file is None:
         return []
@@ -97,18 +101,23 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None) -> 
     for doc, runtime in state.get("trial_data", []):
         trial, run = _loads(doc) or {}, _loads(runtime) or {}
         folder = exp_dir / trial.get("relative_logdir", "")
-        params = trial.get("config") or {}
-        if isinstance(params, dict) and "_repeat" in params:
-            params = params["_repeat"]
-        params = params if isinstance(params, dict) else {}
-        entrant = params.get(ENTRANT)
-        record = _record(folder if entrants is None or not entrant else entrants / str(entrant) / folder.name)
+        config = trial.get("config") if isinstance(trial.get("config"), dict) else {}
+        repeat = isinstance(config.get(REPEAT), dict)
+        params = config[REPEAT] if repeat else config
+        entrant = config.get(ENTRANT)
+        if repeat and repeats is not None:
+            params, where = {**params, **({ENTRANT: entrant} if entrant else {})}, repeats / folder.name
+        elif entrants is not None and entrant:
+            where = entrants / str(entrant) / folder.name
+        else:
+            where = folder
+        record = _record(where)
         last = run.get("last_result") or {}
         out.append(TrialStatus(
             trial_id=trial.get("trial_id", "?"), status=trial.get("status", "?"),
             epochs=int(last.get("epoch", 0) or 0), metric=last_value(run, metric),
             params=params, error=_error(folder, record), folder=folder.name,
-            stopped=record.get("status") == "stopped"))
+            stopped=record.get("status") == "stopped", repeat=repeat))
     return out
 
 
@@ -155,12 +164,17 @@ def status_lines(exp_dir: Path, shown: str) -> list[str]:
         return compare_status_lines(exp_dir.parent, shown.rstrip("/").rsplit("/", 1)[0], only=exp_dir.name)
     plan = read_search_file(exp_dir)  # one line when missing, corrupt or foreign
     metric = plan["config"]["search"]["metric"]
-    lines = []
-    for title, folder, name in (("search", exp_dir, shown), ("repeat_best", exp_dir / REPEAT_DIR,
-                                                              f"{shown.rstrip('/')}/{REPEAT_DIR}")):
-        if folder.is_dir():
-            lines += _section(f"{title} {name}", read_trials(folder, metric), metric, compare=False)
-    return lines
+    trials = read_trials(exp_dir, metric, repeats=exp_dir / REPEAT_DIR)
+    trials += read_trials(exp_dir / REPEAT_DIR, metric)  # an augtune 0.2 experiment's own repeat run
+    return _phases(trials, metric, f"search {shown}", f"{REPEAT_DIR} {shown.rstrip('/')}/{REPEAT_DIR}",
+                   compare=False)
+
+
+def _phases(trials: list[TrialStatus], metric: str, search: str, repeat: str, compare: bool) -> list[str]:
+    """The search's trials, then its repeat runs' when there are any."""
+    lines = _section(search, [t for t in trials if not t.repeat], metric, compare)
+    repeats = [t for t in trials if t.repeat]
+    return lines + (_section(repeat, repeats, metric, compare) if repeats else [])
 
 
 def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None) -> list[str]:
@@ -174,14 +188,16 @@ def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None) 
         metric = str(((data.get("config") or {}).get("compare") or {}).get("metrics", ["knn_acc"])[0])
     except (ConfigError, OSError, UnicodeDecodeError, AttributeError, IndexError, TypeError) as e:
         raise ValueError(f"{path}: cannot be read ({str(e).splitlines()[0][:160]})") from None
-    lines = []
-    for sub in (COMPARE_SEARCH, COMPARE_REPEAT):
-        if (exp_dir / sub).is_dir():
-            trials = read_trials(exp_dir / sub, metric, entrants=exp_dir)
-            if only is not None:
-                trials = [t for t in trials if _entrant(t.params) == only]
-            lines += _section(f"{sub} {shown.rstrip('/')}/{sub}", trials, metric, compare=True)
-    return lines or [f"compare {shown}: no trials yet"]
+    if not (exp_dir / COMPARE_SEARCH).is_dir():
+        return [f"compare {shown}: no trials yet"]
+    trials = read_trials(exp_dir / COMPARE_SEARCH, metric, entrants=exp_dir, repeats=exp_dir / COMPARE_REPEAT)
+    # an augtune 0.2 compare's own repeat run
+    trials += read_trials(exp_dir / COMPARE_REPEAT, metric)
+    if only is not None:
+        trials = [t for t in trials if _entrant(t.params) == only]
+    base = shown.rstrip("/")
+    return _phases(trials, metric, f"{COMPARE_SEARCH} {base}/{COMPARE_SEARCH}",
+                   f"{COMPARE_REPEAT} {base}/{COMPARE_REPEAT}", compare=True)
 
 
 def format_status(location: str | Path) -> str:

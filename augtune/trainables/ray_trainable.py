@@ -17,6 +17,7 @@ directly (:class:`TrialFolder`), never through Tune's staging copy.
 from __future__ import annotations
 
 import os
+import posixpath
 import tempfile
 import time
 from pathlib import Path
@@ -118,35 +119,46 @@ def _process_start_s() -> float:
     return 0.0 if _TRIALS_IN_PROCESS[0] > 1 else time.process_time()
 
 
-def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None) -> None:
+ENTRANT = "_entrant"  # in a trial's parameters: which of several searches sharing one Tune run it belongs to
+REPEAT = "_repeat"  # in a trial's parameters: a repeat run of a search's best, its whole parameter set
+
+
+def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None, *,
+               repeats: str | None = None, on_repeat_completed: OnCompleted | None = None,
+               tune_run: str | None = None) -> None:
     """The Tune function trainable of every augtune trial (see the module docstring).
 
-    `params`: the trial's sampled {dotted key: value}; `base`: the search's resolved config as a
-    dict, `experiment`: the Tune experiment's folder or URI (the trials' folders are in it), and
-    `on_completed`: what runs in the trial's folder when it has completed (the CLI's end-of-run
-    figures), all bound with `tune.with_parameters`.
+    `params`: the trial's sampled {dotted key: value}, or a repeat run's whole parameter set under
+    `REPEAT`; `base`: the search's resolved config as a dict; `experiment`: the folder or URI where the
+    search trials keep their records (each in a folder named as Tune names the trial), `repeats`: where
+    the repeat runs keep theirs (`experiment` when not given); `on_completed`, `on_repeat_completed`:
+    what runs in a completed search or repeat trial's folder (the CLI's end-of-run figures); `tune_run`:
+    the Tune run's own folder, where Tune keeps the trials' checkpoints (the record names it when it is
+    elsewhere, for `augtune plot`). All are bound with `tune.with_parameters`.
     """
-    phase = "repeat" if "_repeat" in params else "search"
-    params = params.get("_repeat", params)  # repeat-best trials carry their whole parameter set
+    repeat = REPEAT in params
+    params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
     cfg = trial_config(params, base)
-    about = {"params": dict(params), "phase": phase, "entrant": method_label(cfg), "process": os.getpid()}
-    folder = TrialFolder(experiment)
+    about = {"params": dict(params), "phase": "repeat" if repeat else "search", "entrant": method_label(cfg),
+             "process": os.getpid()}
+    records = (repeats or experiment) if repeat else experiment
+    folder = TrialFolder(records)
+    hook = on_repeat_completed if repeat else on_completed
     if runs_in_process(cfg):
-        return _in_trial(cfg, folder, on_completed, about)
-    return _train_driver(cfg, folder, about)
+        if tune_run is not None and tune_run.rstrip("/") != records.rstrip("/"):  # Tune keeps them elsewhere
+            about["checkpoints"] = posixpath.relpath(f"{tune_run}/{folder.name}", f"{records}/{folder.name}")
+        return _in_trial(cfg, folder, hook, about)
+    return _train_driver(cfg, folder, about)  # Train keeps its checkpoints in the trial's folder
 
 
-ENTRANT = "_entrant"  # in a trial's parameters: which of several searches sharing one Tune run it belongs to
-
-
-def tune_entrant_trial(params: dict, bases: dict, experiments: dict,
-                       on_completed: OnCompleted | None = None) -> None:
+def tune_entrant_trial(params: dict, bases: dict, experiments: dict, **where) -> None:
     """The Tune function trainable of a Tune run that several searches share (a compare's entrants):
     `params[ENTRANT]` names the search, whose base config and records' folder are `bases[name]` and
-    `experiments[name]`; the rest is `tune_trial`'s."""
+    `experiments[name]`; the rest (`where`: the repeat's folder, the hooks, Tune's folder) is
+    `tune_trial`'s."""
     name = params[ENTRANT]
     params = {k: v for k, v in params.items() if k != ENTRANT}
-    return tune_trial(params, base=bases[name], experiment=experiments[name], on_completed=on_completed)
+    return tune_trial(params, base=bases[name], experiment=experiments[name], **where)
 
 
 def isolate_trial(cfg: Config) -> None:

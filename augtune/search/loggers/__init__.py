@@ -21,7 +21,6 @@ import os
 from typing import Any
 
 from augtune.config import Config, ConfigError
-from augtune.records import REPEAT_DIR
 
 # logger -> (the module it needs, the pip requirement that brings it)
 PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"),  # comes with ray[tune]
@@ -37,14 +36,10 @@ def check_loggers(cfg: Config) -> None:
                               f"pip install '{requirement}'")
 
 
-# Tune runs nested in the experiment they repeat the best of: a search's `repeat_best/`, a compare's `repeat/`
-NESTED_RUNS = (REPEAT_DIR, "repeat")
-
-
-def _experiment(storage: str, name: str) -> tuple[str, str]:
-    """(location, name) of the experiment a Tune run belongs to: a repeat phase runs nested in it
-    (`NESTED_RUNS`) and is logged with it."""
-    if name in NESTED_RUNS:
+def _experiment(storage: str, name: str, nested: bool) -> tuple[str, str]:
+    """(location, name) of the experiment a Tune run belongs to: a Tune run `nested` in its experiment (a
+    compare's `search/`, its entrants' searches and repeat) is logged with it."""
+    if nested:
         return storage.rstrip("/"), storage.rstrip("/").rsplit("/", 1)[-1]
     return f"{storage.rstrip('/')}/{name}", name
 
@@ -55,12 +50,13 @@ def only_chosen_loggers() -> None:
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
 
 
-def logger_callbacks(cfg: Config, storage: str, name: str) -> list[Any]:
-    """The Tune callbacks of `search.loggers` for the Tune run `name` in `storage`."""
+def logger_callbacks(cfg: Config, storage: str, name: str, nested: bool = False) -> list[Any]:
+    """The Tune callbacks of `search.loggers` for the Tune run `name` in `storage` (`nested`: the run is a
+    part of the experiment in `storage`, as a compare's `search/` is)."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     only_chosen_loggers()
-    location, experiment = _experiment(storage, name)
+    location, experiment = _experiment(storage, name, nested)
     local = None if "://" in location else location
     out: list[Any] = [CSVLoggerCallback(), JsonLoggerCallback()]
     for logger in cfg.search.loggers:

@@ -1,0 +1,273 @@
+"""A search and the repeat of its best configurations in one Tune run (imports Ray).
+
+The repeat phase re-runs the best configurations of a search on new seeds. It used to be a Tune run of its
+own, started when the search's had ended, and every one of its trial processes started again (~7 s of CPU
+each, before a trial could train). Here it is the same Tune run: `SearchThenRepeat` hands out the search
+algorithm's trials until the search has made all of them and every one has ended, then asks `choose` for
+the repeat runs (from the ended trials) and hands those out, as trials of the same run, which the trial
+processes the search started take in turn (`reuse_actors`).
+
+A repeat trial's config is its whole parameter set under `REPEAT` (and, in a compare, its entrant):
+what trains reads nothing of the search's space. Its record goes to the repeat folder (`repeat_best/`,
+a compare's `repeat/`), Tune's files of it to the run's own folder. The scheduler never stops a repeat
+trial early (`multiplex.EntrantsScheduler` routes it to FIFO).
+
+Restored, the wrapper takes the search algorithm's own snapshot and its own, and agrees with the trials
+Tune restored: the search trials that ended are what the repeats are chosen from (the same, so the same
+repeats: `choose` is deterministic), and a repeat run Tune already holds is not made again.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ray import cloudpickle
+from ray.tune.search import SearchAlgorithm
+
+from augtune.trainables.ray_trainable import REPEAT
+
+STATE_FILE = "search-then-repeat-state-{}.pkl"  # recovery.TUNE_STATE knows it
+
+
+def is_repeat(config: Optional[dict]) -> bool:
+    """Whether a trial (its config) is a repeat run."""
+    return isinstance(config, dict) and REPEAT in config
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A search trial that ended, as the repeat is chosen from it (the shape of Tune's `Result`)."""
+
+    trial_id: str
+    config: dict  # the trial's Tune config: its parameters (searched and constant)
+    metrics: dict  # its last result
+    error: Optional[str] = None  # why it failed; None when it ended well (completed, or stopped early)
+
+
+class SearchThenRepeat(SearchAlgorithm):
+    """`search` (a Tune search algorithm that `searchers.restorable` or `multiplex.EntrantsSearch` makes),
+    then the repeat runs `choose(ended search trials)` returns (each a trial config: `{REPEAT: params}`),
+    at most `max_concurrent` repeat trials at a time (0: no limit)."""
+
+    def __init__(self, search: SearchAlgorithm, choose: Callable[[list[Ended]], list[dict]],
+                 max_concurrent: int = 0):
+        self.search, self.choose, self.max_concurrent = search, choose, max_concurrent
+        self._experiment = None  # Tune's experiment: a repeat trial is made from its spec
+        self._configs: dict[str, dict] = {}  # search trial id -> its config
+        self._search_live: set[str] = set()
+        self._errored: set[str] = set()  # restored search trials that errored: Tune runs them again
+        self._ended: dict[str, Ended] = {}
+        self.runs: Optional[list[dict]] = None  # the repeat trials' configs, once chosen
+        self._made: dict[int, str] = {}  # index in runs -> trial id
+        self._repeat_ids: set[str] = set()  # every repeat trial Tune holds
+        self._repeat_live: set[str] = set()
+
+    # -- where it stands -------------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        return "search" if self.runs is None else "repeat"
+
+    @property
+    def search_finished(self) -> bool:
+        """The search has made its trials and every one has ended."""
+        return self.search.is_finished() and not self._search_live
+
+    # -- what Tune asks ----------------------------------------------------------------------------------
+
+    @property
+    def metric(self):
+        return getattr(self.search, "metric", None)
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
+        return self.search.set_search_properties(metric, mode, config, **spec)
+
+    @property
+    def total_samples(self) -> int:
+        """The search's trials (what Tune's start-up reports); the repeat's are known once chosen."""
+        return self.search.total_samples
+
+    def add_configurations(self, experiments) -> None:
+        from ray.tune.experiment import _convert_to_experiment_list
+
+        (self._experiment,) = _convert_to_experiment_list(experiments)
+        self.search.add_configurations(experiments)
+
+    def next_trial(self):
+        if self.runs is None:
+            if not self.search.is_finished():
+                trial = self.search.next_trial()
+                if trial is not None:
+                    self._configs[trial.trial_id] = copy.deepcopy(trial.config)
+                    self._search_live.add(trial.trial_id)
+                    return trial
+            if not self.search_finished:
+                return None
+            self.runs = list(self.choose(sorted(self._ended.values(), key=lambda e: e.trial_id)))
+        return self._next_repeat()
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id not in self._repeat_ids:
+            self.search.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
+        """`result`: the trial's last result, flattened by Tune (`config/<key>` entries)."""
+        self._repeat_live.discard(trial_id)
+        if trial_id not in self._configs:  # a repeat trial, or one this algorithm never saw made
+            if trial_id in self._repeat_ids or any(k.startswith(f"config/{REPEAT}") for k in result or {}):
+                return
+            config = {k[len("config/"):]: v for k, v in (result or {}).items() if k.startswith("config/")}
+            self._configs[trial_id] = config
+            # `resume --restart-errored`: Tune runs an errored trial again as a new trial of the same config
+            twin = next((t for t in sorted(self._errored) if self._configs.get(t) == config), None)
+            if twin is not None:
+                self._errored.discard(twin)
+                self._search_live.discard(twin)
+        self._errored.discard(trial_id)
+        self._search_live.discard(trial_id)
+        self._ended[trial_id] = Ended(trial_id, self._configs[trial_id], dict(result or {}),
+                                      "the trial errored" if error else None)
+        self.search.on_trial_complete(trial_id, result=result, error=error)
+
+    def is_finished(self) -> bool:
+        return self.runs is not None and len(self._made) >= len(self.runs)
+
+    def set_finished(self) -> None:
+        self.search.set_finished()
+
+    # -- the repeat's trials ------------------------------------------------------------------------------
+
+    def _next_repeat(self):
+        if self.max_concurrent and len(self._repeat_live) >= self.max_concurrent:
+            return None
+        index = next((i for i in range(len(self.runs)) if i not in self._made), None)
+        if index is None:
+            return None
+        trial = self._make(index)
+        self._made[index] = trial.trial_id
+        self._repeat_ids.add(trial.trial_id)
+        self._repeat_live.add(trial.trial_id)
+        return trial
+
+    def _make(self, index: int):
+        """A Tune trial of the repeat run `runs[index]`, from the experiment's spec; its config is the run's
+        alone (the search's space, whose domains it would carry, is nothing it reads)."""
+        from ray.tune.experiment import Trial
+        from ray.tune.experiment.config_parser import _create_trial_from_spec, _make_parser
+        from ray.tune.utils import flatten_dict
+
+        config = copy.deepcopy(self.runs[index])
+        spec = copy.deepcopy(self._experiment.spec)
+        spec["config"] = config
+        seed = config[REPEAT].get("train.seed", "?")
+        return _create_trial_from_spec(spec, _make_parser(), evaluated_params=flatten_dict(config),
+                                       experiment_tag=f"{index + 1}_repeat_seed={seed}",
+                                       trial_id=Trial.generate_id())
+
+    # -- one snapshot ---------------------------------------------------------------------------------------
+
+    def _state(self) -> dict:
+        # the experiment too: a resumed Tune run restores its search algorithm instead of configuring it
+        return {"configs": self._configs, "runs": self.runs, "made": self._made,
+                "repeat_ids": self._repeat_ids, "experiment": self._experiment}
+
+    def save_to_dir(self, dirpath: str, session_str: str) -> None:
+        """The search algorithm's own snapshot, then this one, written whole (temporary file, rename)."""
+        self.search.save_to_dir(dirpath, session_str=session_str)
+        path = Path(dirpath) / STATE_FILE.format(session_str)
+        tmp = path.with_name(f"tmp-{path.name}")
+        with open(tmp, "wb") as f:
+            cloudpickle.dump(self._state(), f)
+        os.replace(tmp, path)
+
+    def has_checkpoint(self, dirpath: str) -> bool:
+        return any(Path(dirpath).glob(STATE_FILE.format("*")))
+
+    def restore_from_dir(self, dirpath: str) -> None:
+        """The newest snapshots, agreeing with the trials Tune restored (see the module docstring)."""
+        from augtune.search.recovery import restored_trials
+
+        self.search.restore_from_dir(dirpath)
+        newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
+        with open(newest, "rb") as f:
+            state = cloudpickle.load(f)
+        self._configs, self.runs, self._made = state["configs"], state["runs"], dict(state["made"])
+        self._repeat_ids, self._experiment = set(state["repeat_ids"]), state["experiment"]
+        trials = restored_trials(dirpath, repeats=True)
+        if trials is not None:
+            self.reconcile(trials)
+
+    def reconcile(self, trials: list) -> None:
+        """Agree with `trials` (`recovery.RestoredTrial`), every trial of the run that Tune restored."""
+        search = [t for t in trials if not is_repeat(t.config)]
+        repeats = [t for t in trials if is_repeat(t.config)]
+        self._configs.update({t.trial_id: dict(t.config) for t in search})
+        # an errored trial runs again (`augtune resume` resumes it; `--restart-errored` starts it anew, as a
+        # trial of another id): the search has ended when it has
+        self._errored = {t.trial_id for t in search if t.status == "ERROR"}
+        self._search_live = {t.trial_id for t in search if t.status != "TERMINATED"}
+        self._ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
+                       for t in search if t.status == "TERMINATED"}
+        if self.runs is None and repeats:  # this snapshot is older than the repeat's first trials
+            self.runs = list(self.choose(sorted(self._ended.values(), key=lambda e: e.trial_id)))
+        self._made, self._repeat_live = {}, set()
+        self._repeat_ids = {t.trial_id for t in repeats}
+        for t in repeats:
+            index = next((i for i, run in enumerate(self.runs or []) if i not in self._made and run == {
+                k: v for k, v in t.config.items() if k in run}), None)
+            if index is None:  # a repeat trial of runs chosen otherwise: Tune runs it; nothing is made for it
+                continue
+            self._made[index] = t.trial_id
+            if not t.finished:
+                self._repeat_live.add(t.trial_id)
+
+
+# -- what a plain search repeats --------------------------------------------------------------------------
+
+def best_configs(ended: list, cfg) -> list[dict]:
+    """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
+    `repeat_best.per`, when given: the best learning rate of every method, say), by the last value of the
+    search metric each reported (an ASHA-stopped trial's at its last rung), as Tune ranks them. `ended`:
+    objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
+    from augtune.config import run_signature
+
+    rb = cfg.search.repeat_best
+    scored = [r for r in ended if r.error is None and r.metrics and cfg.search.metric in r.metrics]
+    scored.sort(key=lambda r: r.metrics[cfg.search.metric], reverse=cfg.search.mode == "max")
+    out: list[dict] = []
+    taken: dict = {}
+    seen: list[dict] = []
+    for r in scored:
+        params = {k: v for k, v in r.config.items() if k != "train.seed"}
+        group = repr(params.get(rb.per)) if rb.per else None
+        # Two sets that differ only in keys the run never reads (`pinda.mu` of a CLAE run) are one
+        # configuration: repeat it once.
+        base = params.get("method.base", cfg.method.base)
+        label = "+".join([base, *params.get("method.augment", cfg.method.augment)])
+        read = run_signature(params, label)
+        if read in seen or taken.get(group, 0) == rb.top:
+            continue
+        seen.append(read)
+        out.append(params)
+        taken[group] = taken.get(group, 0) + 1
+    return out
+
+
+@dataclass(frozen=True)
+class RepeatBest:
+    """The repeat runs of a search (`search.repeat_best`): its best configurations, once per seed."""
+
+    cfg: dict  # the search's config, as a dict: Tune pickles this with the run's state
+
+    def __call__(self, ended: list[Ended]) -> list[dict]:
+        from augtune.config import from_dict
+
+        cfg = from_dict(self.cfg)
+        rb = cfg.search.repeat_best
+        if rb.top == 0:
+            return []
+        return [{REPEAT: {**params, "train.seed": seed}} for params in best_configs(ended, cfg)
+                for seed in rb.seeds]
