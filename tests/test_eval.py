@@ -234,3 +234,29 @@ def test_evaluate_returns_exactly_the_requested_keys_and_leaves_rng_alone():
         "sr_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari"}
     with pytest.raises(KeyError, match="unknown metric"):
         evaluate(train_x, train_y, test_x, test_y, 3, cfg, ("knn", "nope"))
+
+
+@pytest.mark.slow
+def test_umaps_kernels_are_cached_on_disk_and_a_later_process_embeds_the_same(tmp_path):
+    """umap-learn's numba kernels go to numba's on-disk cache (a trial sets $NUMBA_CACHE_DIR): the first
+    process compiles and writes them, a later one loads them, and both give this embedding bitwise."""
+    import os
+    import subprocess
+    import sys
+
+    from augtune.eval.clustering import umap_embed
+
+    x = np.random.default_rng(0).normal(size=(120, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np; from augtune.eval.clustering import umap_embed; "
+            f"np.save(sys.argv[1], umap_embed(np.load({str(tmp_path / 'x.npy')!r}), 2, 10, seed=3))")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    for n in (1, 2):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / f"e{n}.npy")], env=env, check=True,
+                       timeout=600)
+        if n == 1:
+            cached = {p.name.split(".")[0] for p in (tmp_path / "numba").rglob("*.nbi")}
+            assert any(name.startswith(("layouts", "umap_")) for name in cached), sorted(cached)[:10]
+    here = umap_embed(x, 2, 10, seed=3)
+    assert np.array_equal(np.load(tmp_path / "e1.npy"), here)
+    assert np.array_equal(np.load(tmp_path / "e2.npy"), here)

@@ -175,8 +175,8 @@ def isolate_trial(cfg: Config) -> None:
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed % 2**32)
-    # numba's on-disk cache for the kernels that allow it (pynndescent's: about half of them; umap-learn
-    # compiles most of its own without the cache, once per process that clusters: reuse pays it once)
+    # numba's on-disk cache, for UMAP's kernels (`eval.clustering._umap` switches it on for umap-learn's
+    # own): compiled once per machine, loaded by every later trial process that clusters
     os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "augtune" / "numba"))
 
 
