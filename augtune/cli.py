@@ -337,7 +337,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _finish_compare(plan, run, verbose: bool) -> int:
-    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, "compare", verbose)
+    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, "search", verbose)  # then "repeat"
     if code == 0:
         _compare_verdict(plan.experiment)
         print(f"experiment: {plan.experiment}")

@@ -169,7 +169,7 @@ def test_references_are_computed_once_and_reused_with_identical_numbers(tmp_path
     cfg = digits_cfg(eval={"references": True, "reference_cache": str(cache), "metrics": ["knn", "kmeans"]})
     first = Trainer(cfg, digits)
     refs = first.evaluate_references()
-    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["random", "raw"]
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.json")) == ["random", "raw"]
     calls = []
     real = Trainer.evaluate
     monkeypatch.setattr(Trainer, "evaluate", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
@@ -180,6 +180,48 @@ def test_references_are_computed_once_and_reused_with_identical_numbers(tmp_path
     other = other_seed.evaluate_references()
     assert len(calls) == 1  # random-init depends on the seed; raw does not
     assert other["raw"] == refs["raw"]
+
+
+def _slow_reference(kind: str, log: str) -> dict:
+    import time
+
+    with open(log, "a") as f:
+        f.write(f"{kind}\n")
+    time.sleep(1.0)  # long enough that the other process asks while this one computes
+    return {"knn_acc": 0.5 if kind == "raw" else 0.25}
+
+
+def _references_in_a_process(cache: str, log: str, out: str) -> None:
+    import functools
+    import json
+
+    from augtune.trainables.references import cached
+
+    cfg = digits_cfg(eval={"references": True, "reference_cache": cache})
+    got = cached(cfg, {kind: functools.partial(_slow_reference, kind, log) for kind in ("raw", "random-init")})
+    with open(out, "w") as f:
+        json.dump(got, f)
+
+
+def test_trials_that_start_together_compute_each_reference_once(tmp_path):
+    """Two trial processes with the same inputs and an empty cache: each reference row is computed by one
+    of them (the other computes the other row meanwhile, or waits), and both report the same numbers."""
+    import json
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    log = tmp_path / "computed.txt"
+    procs = [ctx.Process(target=_references_in_a_process, args=(str(tmp_path / "refs"), str(log),
+                                                                  str(tmp_path / f"out{i}.json")))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert sorted(log.read_text().split()) == ["random-init", "raw"]  # each once, not once per process
+    outs = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
+    assert outs[0] == outs[1] == {"raw": {"knn_acc": 0.5}, "random-init": {"knn_acc": 0.25}}
 
 
 def test_epoch_metrics_only_where_read(digits):

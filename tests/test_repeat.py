@@ -199,3 +199,14 @@ def test_an_errored_trial_that_tune_runs_again_holds_the_repeat_back_until_it_ha
     assert [t.config[REPEAT]["train.lr"] for t in repeats] == [0.2, 0.2, 0.3, 0.3]
     assert sorted(e.config["train.lr"] for e in restored._ended.values() if e.error is None) == [
         0.1, 0.2, 0.3, 0.4]
+
+
+def test_an_experiment_whose_repeat_was_a_tune_run_of_its_own_is_refused_in_one_line():
+    """augtune 0.2 ran the repeat as a second Tune run: its restored search algorithm is a plain one."""
+    from augtune.config import ConfigError
+    from augtune.search.launch import finish
+
+    old = SimpleNamespace(_local_tuner=SimpleNamespace(_tune_config=SimpleNamespace(
+        search_alg=restorable(ReplayingVariantGenerator(), 2))))
+    with pytest.raises(ConfigError, match="^/x/exp: started by an augtune older than 0.3"):
+        finish(old, "/x/exp")

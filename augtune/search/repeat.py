@@ -106,7 +106,7 @@ class SearchThenRepeat(SearchAlgorithm):
                     return trial
             if not self.search_finished:
                 return None
-            self.runs = list(self.choose(sorted(self._ended.values(), key=lambda e: e.trial_id)))
+            self.runs = list(self.choose(self._ended_in_order()))
         return self._next_repeat()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -139,6 +139,10 @@ class SearchThenRepeat(SearchAlgorithm):
         self.search.set_finished()
 
     # -- the repeat's trials ------------------------------------------------------------------------------
+
+    def _ended_in_order(self) -> list[Ended]:
+        """The search trials that ended, in the order they were made (ties in the metric go to the first)."""
+        return [self._ended[t] for t in self._configs if t in self._ended]
 
     def _next_repeat(self):
         if self.max_concurrent and len(self._repeat_live) >= self.max_concurrent:
@@ -212,7 +216,7 @@ class SearchThenRepeat(SearchAlgorithm):
         self._ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
                        for t in search if t.status == "TERMINATED"}
         if self.runs is None and repeats:  # this snapshot is older than the repeat's first trials
-            self.runs = list(self.choose(sorted(self._ended.values(), key=lambda e: e.trial_id)))
+            self.runs = list(self.choose(self._ended_in_order()))
         self._made, self._repeat_live = {}, set()
         self._repeat_ids = {t.trial_id for t in repeats}
         for t in repeats:

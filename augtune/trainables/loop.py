@@ -329,10 +329,10 @@ class Trainer:
         from augtune.trainables.references import cached
 
         metrics, cfg = self.cfg.eval.metrics, self.cfg
-        return {  # raw does not depend on the seed: evaluated with seed 0, once per data set
-            "raw": cached(cfg, "raw", lambda: self.evaluate(metrics, fn=lambda x: x.flatten(1), seed=0)),
-            "random-init": cached(cfg, "random-init", lambda: self.evaluate(metrics)),
-        }
+        return cached(cfg, {  # raw does not depend on the seed: evaluated with seed 0, once per data set
+            "raw": lambda: self.evaluate(metrics, fn=lambda x: x.flatten(1), seed=0),
+            "random-init": lambda: self.evaluate(metrics),
+        })
 
     # -- checkpoints -----------------------------------------------------------------------------
 
