@@ -83,7 +83,10 @@ def run_variant(name: str, checkout: Path, command: str, config: Path, out: Path
     """Run `augtune COMMAND CONFIG` from `checkout`; its wall time, CPU and records."""
     account = CpuAccount(name)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    cmd = [sys.executable, "-m", "augtune.cli", command, str(config), "--storage", str(out), "--name", name]
+    # a storage folder of its own: the reference rows cached beside one variant's experiments are not the
+    # other's (the cache key holds the installed version, which both variants share)
+    cmd = [sys.executable, "-m", "augtune.cli", command, str(config), "--storage", str(out / name), "--name",
+           name]
     start = time.perf_counter()
     res = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=account.enter)
     wall = time.perf_counter() - start
@@ -92,7 +95,7 @@ def run_variant(name: str, checkout: Path, command: str, config: Path, out: Path
     (out / f"{name}.out").write_text(res.stdout + res.stderr)  # the command's console: its table, verdict
     if res.returncode != 0:
         raise SystemExit(f"{name}: {' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    records = [json.loads(p.read_text()) for p in sorted((out / name).rglob("record.json"))
+    records = [json.loads(p.read_text()) for p in sorted((out / name / name).rglob("record.json"))
                if "checkpoint_" not in str(p)]
     return {"name": name, "wall": wall, "cpu": cpu, "how": how, "records": records}
 

@@ -198,7 +198,8 @@ def _references_in_a_process(cache: str, log: str, out: str) -> None:
     from augtune.trainables.references import cached
 
     cfg = digits_cfg(eval={"references": True, "reference_cache": cache})
-    got = cached(cfg, {kind: functools.partial(_slow_reference, kind, log) for kind in ("raw", "random-init")})
+    got = cached(cfg, {kind: functools.partial(_slow_reference, kind, log)
+                       for kind in ("raw", "random-init")})
     with open(out, "w") as f:
         json.dump(got, f)
 

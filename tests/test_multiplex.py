@@ -14,7 +14,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch, entrant_of
 from augtune.search.optuna_search import MetricResultsOptunaSearch
 from augtune.search.searchers import restorable
-from augtune.trainables.ray_trainable import ENTRANT
+from augtune.records import ENTRANT
 
 SPACE = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
 

@@ -19,7 +19,7 @@ from augtune.config import from_dict, to_dict
 from augtune.search.launch import search_algorithm
 from augtune.search.repeat import RepeatBest, SearchThenRepeat, best_configs
 from augtune.search.searchers import ReplayingVariantGenerator, restorable
-from augtune.trainables.ray_trainable import REPEAT
+from augtune.records import REPEAT
 
 GRID = {"train.lr": tune.grid_search([0.1, 0.2, 0.3, 0.4])}
 VALUE = {0.1: 0.5, 0.2: 0.9, 0.3: 0.7, 0.4: 0.6}  # the search metric each lr reaches

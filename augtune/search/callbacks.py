@@ -7,9 +7,8 @@ from pathlib import Path
 import pyarrow.fs
 from ray.tune import Callback
 
-from augtune.records import RECORD_FILE, now, read_record, write_record
+from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, read_record, write_record
 from augtune.search.status import error_line
-from augtune.trainables.ray_trainable import ENTRANT, REPEAT
 
 
 class StepStatuses(Callback):

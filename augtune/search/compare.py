@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import yaml
 
 from augtune.config import Config, ConfigError, from_dict, set_values, to_dict
-from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, SEARCH_FILE
+from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, SEARCH_FILE
 
 PAPER_METHODS = ("pinda", "nrcc", "cocor", "diffaug")
 VECTOR_BASELINES = ("random_noise", "simcl", "clae")  # PiNDA's non-vision baselines (App. B.2)
@@ -218,7 +218,6 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
     ENTRANT: name}`), the costliest entrants first (by their search's epochs): the last runs to start are
     then short ones, and no slot idles through a long one at the end (longest processing time first).
     `entrants`: (name, records folder, base, augment) of each."""
-    from augtune.trainables.ray_trainable import ENTRANT, REPEAT
 
     runs = []
     for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(Path(e[1]))):

@@ -28,7 +28,7 @@ from ray import cloudpickle
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import SearchAlgorithm
 
-from augtune.trainables.ray_trainable import ENTRANT, REPEAT
+from augtune.records import ENTRANT, REPEAT
 
 STATE_FILE = "entrants-search-state-{}.pkl"  # recovery.TUNE_STATE knows it
 

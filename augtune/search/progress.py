@@ -21,7 +21,7 @@ from typing import Callable, Optional, TextIO
 from ray.tune import Callback
 
 from augtune.config import format_value
-from augtune.trainables.ray_trainable import ENTRANT, REPEAT
+from augtune.records import ENTRANT, REPEAT
 
 REPEAT_TITLE = "repeat"
 

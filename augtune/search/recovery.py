@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from augtune.config import ConfigError
-from augtune.trainables.ray_trainable import REPEAT
+from augtune.records import REPEAT
 
 # Tune's own state files in an experiment folder: it restores from the newest of each kind (by name)
 TUNE_STATE = ("experiment_state-*.json", "basic-variant-state-*.json", "search_gen_state-*.json",

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 from ray import cloudpickle
 from ray.tune.search import SearchAlgorithm
 
-from augtune.trainables.ray_trainable import REPEAT
+from augtune.records import REPEAT
 
 STATE_FILE = "search-then-repeat-state-{}.pkl"  # recovery.TUNE_STATE knows it
 

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ERROR_FILE, RECORD_FILE,
-                             REPEAT_DIR, read_search_file)
-from augtune.trainables.ray_trainable import ENTRANT, REPEAT
+from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
+                             REPEAT, REPEAT_DIR, read_search_file)
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
 

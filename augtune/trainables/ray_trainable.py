@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CHECKPOINT_FILE, RECORD_FILE, RunRecord
+from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord
 
 if TYPE_CHECKING:
     from augtune.trainables.run import OnCompleted
@@ -117,10 +117,6 @@ def _process_start_s() -> float:
     later trial of a reused process. CPU, not wall: Ray starts idle workers ahead of the trials they get."""
     _TRIALS_IN_PROCESS[0] += 1
     return 0.0 if _TRIALS_IN_PROCESS[0] > 1 else time.process_time()
-
-
-ENTRANT = "_entrant"  # in a trial's parameters: which of several searches sharing one Tune run it belongs to
-REPEAT = "_repeat"  # in a trial's parameters: a repeat run of a search's best, its whole parameter set
 
 
 def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None, *,
