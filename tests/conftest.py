@@ -1,4 +1,5 @@
-"""What the tests share: tiny networks, one torch thread for tiny tensors, and a cache of the session.
+"""What the tests share: tiny networks, one torch thread for tiny tensors, a cache of the session, and
+Tune's saved state made by hand.
 
 The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) goes to a
 folder of this test session, inherited by every CLI and Ray process a test starts: the suite never reads
@@ -37,3 +38,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def save_tune_trials(folder, trials: list, stamp: str = "2026-01-01_00-00-00") -> None:
+    """Tune's experiment state holding `trials` (ray.tune Trial objects), as its controller writes it."""
+    import json
+    from pathlib import Path
+
+    for t in trials:
+        if t.placement_group_factory is None:
+            t.create_placement_group_factory()  # what Tune's controller does when it takes a trial
+    state = {"trial_data": [list(t.get_json_state()) for t in trials]}
+    (Path(folder) / f"experiment_state-{stamp}.json").write_text(json.dumps(state))

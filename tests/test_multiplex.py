@@ -3,9 +3,7 @@ processes, and each keeps its own budget, study, limit and scheduler. Built from
 objects, without a Ray runtime."""
 from __future__ import annotations
 
-import json
 import tempfile
-from pathlib import Path
 
 import optuna
 from ray.tune.experiment import Experiment, Trial
@@ -15,6 +13,7 @@ from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch, entrant_
 from augtune.search.optuna_search import MetricResultsOptunaSearch
 from augtune.search.searchers import restorable
 from augtune.records import ENTRANT
+from conftest import save_tune_trials
 
 SPACE = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
 
@@ -76,14 +75,6 @@ def test_results_reach_only_their_entrants_study():
     assert [t.value for t in studies["b"].trials] == [0.9, 0.9]
 
 
-def _save_trials(folder: Path, trials: list[Trial]) -> None:
-    for t in trials:
-        if t.placement_group_factory is None:
-            t.create_placement_group_factory()
-    state = {"trial_data": [list(t.get_json_state()) for t in trials]}
-    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
-
-
 def test_one_snapshot_restores_every_entrant_reconciled_with_tunes_trials(tmp_path):
     from ray import cloudpickle
 
@@ -96,7 +87,7 @@ def test_one_snapshot_restores_every_entrant_reconciled_with_tunes_trials(tmp_pa
     assert second.config[ENTRANT] == "a"
     ended.set_status(Trial.TERMINATED)
     ended.run_metadata.last_result = {"knn": 0.4, "config": ended.config}
-    _save_trials(tmp_path, [ended, first[1], second])
+    save_tune_trials(tmp_path, [ended, first[1], second])
     assert [p.name for p in tmp_path.glob("entrants-search-state-*")] == ["entrants-search-state-s.pkl"]
 
     restored = cloudpickle.loads(cloudpickle.dumps(_search({"a": 2, "b": 2})))

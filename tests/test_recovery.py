@@ -22,6 +22,7 @@ from augtune.search.optuna_search import MetricResultsOptunaSearch
 from augtune.search.recovery import (finish_interrupted_copy, prepare_restore, refill_lost_checkpoints,
                                      restored_trials)
 from augtune.search.searchers import ReconcilingSearchGenerator, ReplayingVariantGenerator, restorable
+from conftest import save_tune_trials
 
 
 def _trainable(config):
@@ -31,15 +32,6 @@ def _trainable(config):
 def _experiment(space: dict) -> Experiment:
     return Experiment("exp", run=_trainable, config=space, storage_path=tempfile.mkdtemp(),
                       resources_per_trial={"cpu": 1})
-
-
-def _save_trials(folder: Path, trials: list[Trial], stamp: str = "2026-01-01_00-00-00") -> None:
-    """Tune's experiment state with `trials`, as the controller writes it."""
-    for t in trials:
-        if t.placement_group_factory is None:
-            t.create_placement_group_factory()  # what Tune's controller does when it takes a trial
-    state = {"trial_data": [list(t.get_json_state()) for t in trials]}
-    (folder / f"experiment_state-{stamp}.json").write_text(json.dumps(state))
 
 
 def _ended(trial: Trial, **result) -> Trial:
@@ -71,7 +63,7 @@ def test_a_grid_restored_from_an_older_state_runs_no_trial_twice(tmp_path):
     gen.save_to_dir(str(tmp_path), "s")  # the searcher's snapshot ...
     gen.on_trial_complete(a.trial_id)
     (c,) = _drain(gen)
-    _save_trials(tmp_path, [_ended(a, knn=0.5), b, c])  # ... one behind the trials Tune saved after it
+    save_tune_trials(tmp_path, [_ended(a, knn=0.5), b, c])  # ... one behind the trials Tune saved after it
 
     restored = _copied(restorable(ReplayingVariantGenerator(), 2))
     restored.restore_from_dir(str(tmp_path))
@@ -92,7 +84,7 @@ def test_a_grid_restored_from_a_newer_state_loses_no_trial(tmp_path):
     gen.add_configurations([_experiment(GRID)])
     a, b, c = _drain(gen)
     gen.save_to_dir(str(tmp_path), "s")  # knows c, which the trials Tune saved (before it) do not hold
-    _save_trials(tmp_path, [_ended(a, knn=0.5), b])
+    save_tune_trials(tmp_path, [_ended(a, knn=0.5), b])
 
     restored = _copied(restorable(ReplayingVariantGenerator(), 3))
     restored.restore_from_dir(str(tmp_path))
@@ -111,7 +103,7 @@ def test_a_seeded_random_search_replays_the_same_samples(tmp_path, seed):
     first = [gen.next_trial() for _ in range(3)]
     gen.save_to_dir(str(tmp_path), "s")
     rest = _drain(gen)
-    _save_trials(tmp_path, [_ended(t, knn=0.5) for t in first] + rest[:1])
+    save_tune_trials(tmp_path, [_ended(t, knn=0.5) for t in first] + rest[:1])
 
     restored = _copied(restorable(ReplayingVariantGenerator(random_state=seed), 0))
     restored.restore_from_dir(str(tmp_path))
@@ -160,7 +152,7 @@ def test_optuna_restored_one_snapshot_behind_tells_the_study_each_trial_once(tmp
               _tune_trial("t1", p1, Trial.TERMINATED, knn=0.7), _tune_trial("t2", p2)]
     folder = tmp_path / "staging"
     folder.mkdir()
-    _save_trials(folder, trials)
+    save_tune_trials(folder, trials)
 
     restored = MetricResultsOptunaSearch()
     restored.restore(str(tmp_path / "searcher.pkl"))
@@ -180,7 +172,7 @@ def test_optuna_trials_that_tune_never_ran_are_failed_and_unknown_ones_are_added
     live.save(str(tmp_path / "searcher.pkl"))
     folder = tmp_path / "staging"
     folder.mkdir()
-    _save_trials(folder, [_tune_trial("t0", p0)])
+    save_tune_trials(folder, [_tune_trial("t0", p0)])
 
     restored = MetricResultsOptunaSearch()
     restored.restore(str(tmp_path / "searcher.pkl"))
@@ -205,7 +197,7 @@ def test_the_search_generator_restored_counts_tunes_trials_and_frees_ended_slots
     gen.save_to_dir(str(tmp_path), "s")  # both live in this snapshot
     gen.on_trial_complete(a.trial_id, {"knn": 0.5})
     (c,) = _drain(gen)
-    _save_trials(tmp_path, [_ended(a, knn=0.5), b, c])  # a ended, c made after the snapshot
+    save_tune_trials(tmp_path, [_ended(a, knn=0.5), b, c])  # a ended, c made after the snapshot
 
     restored = _copied(restorable(MetricResultsOptunaSearch(), 2))
     assert isinstance(restored, ReconcilingSearchGenerator)

@@ -5,7 +5,6 @@ Ray runtime."""
 from __future__ import annotations
 
 import io
-import json
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ from augtune.search.launch import search_algorithm
 from augtune.search.repeat import RepeatBest, SearchThenRepeat, best_configs
 from augtune.search.searchers import ReplayingVariantGenerator, restorable
 from augtune.records import REPEAT
+from conftest import save_tune_trials
 
 GRID = {"train.lr": tune.grid_search([0.1, 0.2, 0.3, 0.4])}
 VALUE = {0.1: 0.5, 0.2: 0.9, 0.3: 0.7, 0.4: 0.6}  # the search metric each lr reaches
@@ -60,14 +60,6 @@ def _end(alg, trial: Trial, **result) -> None:
     trial.run_metadata.last_result = {"knn_acc": value, "epoch": 3, **result, "config": trial.config}
     flat = {"knn_acc": value, "epoch": 3, **result, **{f"config/{k}": v for k, v in trial.config.items()}}
     alg.on_trial_complete(trial.trial_id, result=flat)
-
-
-def _save_trials(folder: Path, trials: list[Trial]) -> None:
-    for t in trials:
-        if t.placement_group_factory is None:
-            t.create_placement_group_factory()
-    state = {"trial_data": [list(t.get_json_state()) for t in trials]}
-    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
 
 
 def test_the_repeat_starts_when_every_search_trial_has_ended_and_repeats_the_best():
@@ -131,7 +123,7 @@ def test_restored_from_an_older_snapshot_no_repeat_run_is_made_twice_and_none_is
         alg.save_to_dir(str(tmp_path), "s")
     _end(alg, repeats[0])
     # ... and Tune's trials, saved after it: every search trial, the repeat runs made, one of them ended
-    _save_trials(tmp_path, search + repeats[:3])
+    save_tune_trials(tmp_path, search + repeats[:3])
 
     restored = _restored(tmp_path, limit=4)
     assert restored.phase == "repeat" and restored.runs == alg.runs
@@ -189,7 +181,7 @@ def test_an_errored_trial_that_tune_runs_again_holds_the_repeat_back_until_it_ha
     d.set_status(Trial.ERROR)
     alg.on_trial_complete(d.trial_id, error=True)
     alg.save_to_dir(str(tmp_path), "s")
-    _save_trials(tmp_path, [a, b, c, d])
+    save_tune_trials(tmp_path, [a, b, c, d])
 
     restored = _restored(tmp_path, limit=4)
     assert _drain(restored) == [] and restored.phase == "search"

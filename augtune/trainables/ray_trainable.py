@@ -173,7 +173,9 @@ def isolate_trial(cfg: Config) -> None:
     np.random.seed(cfg.train.seed % 2**32)
     # numba's on-disk cache, for UMAP's kernels (`eval.clustering._umap` switches it on for umap-learn's
     # own): compiled once per machine, loaded by every later trial process that clusters
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "augtune" / "numba"))
+    from augtune.data.datasets import default_root
+
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(default_root().parent / "numba"))  # beside the data cache
 
 
 class TrialFolder:
