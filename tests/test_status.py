@@ -169,3 +169,16 @@ def test_a_compare_shows_its_entrants_trials_and_an_entrant_folder_its_own(tmp_p
     assert [r[:2] for r in rows] == [["s2", "simclr+pinda"]]
     assert main(["resume", str(exp / "simclr")]) == 2
     assert f"continue it with: augtune resume {exp}" in capsys.readouterr().err
+
+
+def test_status_loads_neither_torch_nor_ray(tmp_path):
+    """`augtune status` reads files: it is quick on a laptop with a copied folder (0.7 s here; it took
+    seconds while the trial-parameter names came from the trainables, which import torch)."""
+    import subprocess
+    import sys
+
+    exp = write_experiment(tmp_path / "exp", TRIALS)
+    code = ("import sys; from augtune.cli import main; assert main(['status', sys.argv[1]]) == 0; "
+            "sys.exit(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')) != [])")
+    res = subprocess.run([sys.executable, "-c", code, str(exp)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
