@@ -162,11 +162,8 @@ def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_comple
             log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
                 f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then each entrant's best on "
                 f"{len(cfg.search.repeat_best.seeds)} seeds")
-            search_alg, sched = search_algorithm(
-                EntrantsSearch(entrants, conc),
-                BestOfEach.of(plan),
-                conc, EntrantsScheduler(schedulers),
-            )
+            search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), BestOfEach.of(plan), conc,
+                                                 EntrantsScheduler(schedulers))
             tuner = tune.Tuner(
                 trainable,
                 param_space={},
@@ -218,7 +215,6 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
     ENTRANT: name}`), the costliest entrants first (by their search's epochs): the last runs to start are
     then short ones, and no slot idles through a long one at the end (longest processing time first).
     `entrants`: (name, records folder, base, augment) of each."""
-
     runs = []
     for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(Path(e[1]))):
         best = best_of(Path(folder), metric, mode)

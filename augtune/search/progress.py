@@ -164,10 +164,13 @@ def _shown_config(config: dict) -> dict:
     if REPEAT not in config:
         return dict(config)
     run = config[REPEAT]
-    method = "+".join(map(str, [run["method.base"], *(run.get("method.augment") or [])])) \
-        if "method.base" in run else None
-    shown = {ENTRANT: config.get(ENTRANT) or method} if config.get(ENTRANT) or method else {}
-    return {**shown, **({"train.seed": run["train.seed"]} if "train.seed" in run else {})}
+    who = config.get(ENTRANT)  # a compare's entrant, else the method when the search varied it
+    if who is None and "method.base" in run:
+        who = "+".join(map(str, [run["method.base"], *(run.get("method.augment") or [])]))
+    shown = {ENTRANT: who} if who else {}
+    if "train.seed" in run:
+        shown["train.seed"] = run["train.seed"]
+    return shown
 
 
 def _is_repeat(trial) -> bool:
