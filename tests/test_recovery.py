@@ -334,3 +334,7 @@ def test_a_checkpoint_deleted_after_the_last_saved_state_is_refilled_from_the_ne
     assert json.loads((lost / "checkpoint_000001" / "record.json").read_text()) == {"epoch": 4}
     assert sorted(p.name for p in kept.iterdir()) == ["checkpoint_000002"]  # named and there: untouched
     assert refill_lost_checkpoints(str(exp)) == []  # nothing more to do
+    # killed while the store deleted the named one file by file: its record is left, not its model
+    (lost / "checkpoint_000001" / "checkpoint.pt").unlink()
+    assert refill_lost_checkpoints(str(exp)) == [str(lost / "checkpoint_000001")]
+    assert (lost / "checkpoint_000001" / "checkpoint.pt").read_bytes() == b"weights of epoch 4"

@@ -188,15 +188,17 @@ def _newest_state(experiment: str) -> Optional[str]:
 
 
 def refill_lost_checkpoints(experiment: str) -> list[str]:
-    """Put back the checkpoints a killed driver's last saved state names but storage no longer holds.
+    """Put back the checkpoints a killed driver's last saved state names but storage no longer holds whole.
 
     Tune deletes a trial's older checkpoints as soon as it registers a newer one (`keep_checkpoints`) and
     saves its experiment state afterwards, uploading it in the background: a driver killed in between
     leaves a state that names a deleted checkpoint, and every restore attempt of that trial then fails
-    ("does not exist on storage anymore"). Only older checkpoints are ever deleted, so each trial's newest
-    complete checkpoint (model and record) is newer than the one named: it is copied to the named path,
-    and the trial continues from there. Returns the paths refilled. `check_trusted` comes first: Tune's
-    state holds pickled objects, which this unpickles as Tune's own restore does."""
+    ("does not exist on storage anymore"); killed while an object store deleted it file by file, it names
+    a folder that still holds its record but no model (every restore failed: "not a readable checkpoint").
+    Only older checkpoints are ever deleted, so each trial's newest complete checkpoint (model and record)
+    is newer than the one named: it is copied to the named path, and the trial continues from there.
+    Returns the paths refilled. `check_trusted` comes first: Tune's state holds pickled objects, which
+    this unpickles as Tune's own restore does."""
     import pyarrow.fs
     from ray.tune.utils.serialization import TuneFunctionDecoder
 
@@ -210,9 +212,13 @@ def refill_lost_checkpoints(experiment: str) -> list[str]:
         manager = json.loads(metadata, cls=TuneFunctionDecoder, allow_cloudpickle=True).get(
             "checkpoint_manager"
         )
+        def whole(folder: str) -> bool:  # model and record there (a kill can cut an upload or delete short)
+            files = [fs.get_file_info(f"{folder}/{file}") for file in (CHECKPOINT_FILE, RECORD_FILE)]
+            return all(f.type == pyarrow.fs.FileType.File and f.size > 0 for f in files)
+
         for result in getattr(manager, "_checkpoint_results", []):
             fs, path = result.checkpoint.filesystem, result.checkpoint.path
-            if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+            if whole(path):
                 continue
             parent, name = path.rstrip("/").rsplit("/", 1)
             newer = sorted(
@@ -221,10 +227,8 @@ def refill_lost_checkpoints(experiment: str) -> list[str]:
                  and i.base_name > name),
                 reverse=True,
             )
-            for candidate in newer:  # the newest whose files are all there (a kill can cut an upload short)
-                files = [fs.get_file_info(f"{parent}/{candidate}/{file}")
-                         for file in (CHECKPOINT_FILE, RECORD_FILE)]
-                if all(f.type == pyarrow.fs.FileType.File and f.size > 0 for f in files):
+            for candidate in newer:  # the newest that is whole
+                if whole(f"{parent}/{candidate}"):
                     fs.create_dir(path, recursive=True)
                     pyarrow.fs.copy_files(f"{parent}/{candidate}", path, source_filesystem=fs,
                                           destination_filesystem=fs)
