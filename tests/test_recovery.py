@@ -304,37 +304,63 @@ def test_a_torn_result_log_loses_its_partial_line_without_a_staging_copy(tmp_pat
     assert (exp / "tune_trial_1" / "result.json").read_bytes() == RESULTS
 
 
+def _record(epoch: int) -> dict:
+    return {"epochs": [{"epoch": e} for e in range(1, epoch + 1)]}
+
+
 def _checkpoint(folder: Path, epoch: int, complete: bool = True) -> None:
     folder.mkdir(parents=True)
     (folder / "checkpoint.pt").write_bytes(b"weights of epoch %d" % epoch)
     if complete:
-        (folder / "record.json").write_text(json.dumps({"epoch": epoch}))
+        (folder / "record.json").write_text(json.dumps(_record(epoch)))
 
 
-def test_a_checkpoint_deleted_after_the_last_saved_state_is_refilled_from_the_newest_complete_one(tmp_path):
+def _named_state(exp: Path, *paths: Path) -> None:
+    """An experiment state whose trials' checkpoint managers name `paths` (one trial each)."""
     from ray.train import CheckpointConfig
     from ray.train._internal.checkpoint_manager import _CheckpointManager
     from ray.train._internal.session import _TrainingResult
     from ray.tune import Checkpoint
     from ray.tune.utils.serialization import TuneFunctionEncoder
 
+    trial_data = []
+    for path in paths:
+        manager = _CheckpointManager(CheckpointConfig(num_to_keep=1))
+        manager._checkpoint_results = [_TrainingResult(checkpoint=Checkpoint(str(path)), metrics={})]
+        trial_data.append(["{}", json.dumps({"checkpoint_manager": manager}, cls=TuneFunctionEncoder)])
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": trial_data}))
+
+
+def test_a_checkpoint_deleted_after_the_last_saved_state_is_refilled_from_the_newest_complete_one(tmp_path):
     exp = tmp_path / "exp"
     lost, kept = exp / "trial_a", exp / "trial_b"
     _checkpoint(lost / "checkpoint_000004", 4)
     _checkpoint(lost / "checkpoint_000005", 5, complete=False)  # killed mid-upload: not used
     _checkpoint(kept / "checkpoint_000002", 2)
-    trial_data = []
-    for path in (lost / "checkpoint_000001", kept / "checkpoint_000002"):  # what Tune's state names
-        manager = _CheckpointManager(CheckpointConfig(num_to_keep=1))
-        manager._checkpoint_results = [_TrainingResult(checkpoint=Checkpoint(str(path)), metrics={})]
-        trial_data.append(["{}", json.dumps({"checkpoint_manager": manager}, cls=TuneFunctionEncoder)])
-    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": trial_data}))
+    _named_state(exp, lost / "checkpoint_000001", kept / "checkpoint_000002")  # what Tune's state names
     assert refill_lost_checkpoints(str(exp)) == [str(lost / "checkpoint_000001")]
     assert (lost / "checkpoint_000001" / "checkpoint.pt").read_bytes() == b"weights of epoch 4"
-    assert json.loads((lost / "checkpoint_000001" / "record.json").read_text()) == {"epoch": 4}
+    assert json.loads((lost / "checkpoint_000001" / "record.json").read_text()) == _record(4)
     assert sorted(p.name for p in kept.iterdir()) == ["checkpoint_000002"]  # named and there: untouched
     assert refill_lost_checkpoints(str(exp)) == []  # nothing more to do
     # killed while the store deleted the named one file by file: its record is left, not its model
     (lost / "checkpoint_000001" / "checkpoint.pt").unlink()
     assert refill_lost_checkpoints(str(exp)) == [str(lost / "checkpoint_000001")]
     assert (lost / "checkpoint_000001" / "checkpoint.pt").read_bytes() == b"weights of epoch 4"
+
+
+@pytest.mark.parametrize("logged, source", [(5, 5), (6, 6), (9, 6), (3, 5), (0, 5)])
+def test_a_lost_checkpoint_is_refilled_from_the_newest_the_result_log_holds(tmp_path, logged, source):
+    # The state names epoch 4's checkpoint, deleted when the driver registered epoch 5's; the trial had
+    # uploaded epoch 6's too, but the driver died before it logged that epoch (logged = 5): continuing from
+    # 6 would leave epoch 6 out of the result log for good, continuing from 5 reports it after the resume.
+    # With no complete checkpoint in the log (its copy lags: 3, or none), the oldest leaves the least gap.
+    exp = tmp_path / "exp"
+    trial = exp / "trial_a"
+    _checkpoint(trial / "checkpoint_000004", 5)
+    _checkpoint(trial / "checkpoint_000005", 6)
+    _checkpoint(trial / "checkpoint_000006", 7, complete=False)  # killed mid-upload: never used
+    (trial / "result.json").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, logged + 1)))
+    _named_state(exp, trial / "checkpoint_000003")
+    assert refill_lost_checkpoints(str(exp)) == [str(trial / "checkpoint_000003")]
+    assert (trial / "checkpoint_000003" / "checkpoint.pt").read_bytes() == b"weights of epoch %d" % source

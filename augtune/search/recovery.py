@@ -195,14 +195,16 @@ def refill_lost_checkpoints(experiment: str) -> list[str]:
     leaves a state that names a deleted checkpoint, and every restore attempt of that trial then fails
     ("does not exist on storage anymore"); killed while an object store deleted it file by file, it names
     a folder that still holds its record but no model (every restore failed: "not a readable checkpoint").
-    Only older checkpoints are ever deleted, so each trial's newest complete checkpoint (model and record)
-    is newer than the one named: it is copied to the named path, and the trial continues from there.
+    Only older checkpoints are ever deleted, so the trial's complete checkpoints (model and record) left
+    are newer than the one named; one of them is copied to the named path and the trial continues from
+    there: the newest whose epoch the trial's result log already holds. A newer one is on storage because
+    the trial uploads it before the driver sees its report: continuing from it would leave that epoch out
+    of the log for good, where continuing from an older one reports the epochs after it again (Tune appends
+    them). With none in the log (its copy lags), the oldest, which leaves the smallest gap.
     Returns the paths refilled. `check_trusted` comes first: Tune's state holds pickled objects, which
     this unpickles as Tune's own restore does."""
     import pyarrow.fs
     from ray.tune.utils.serialization import TuneFunctionDecoder
-
-    from augtune.records import CHECKPOINT_FILE, RECORD_FILE
 
     text = _newest_state(experiment)
     if not text:
@@ -212,29 +214,54 @@ def refill_lost_checkpoints(experiment: str) -> list[str]:
         manager = json.loads(metadata, cls=TuneFunctionDecoder, allow_cloudpickle=True).get(
             "checkpoint_manager"
         )
-        def whole(folder: str) -> bool:  # model and record there (a kill can cut an upload or delete short)
-            files = [fs.get_file_info(f"{folder}/{file}") for file in (CHECKPOINT_FILE, RECORD_FILE)]
-            return all(f.type == pyarrow.fs.FileType.File and f.size > 0 for f in files)
-
         for result in getattr(manager, "_checkpoint_results", []):
             fs, path = result.checkpoint.filesystem, result.checkpoint.path
-            if whole(path):
+            if _checkpoint_epoch(fs, path) is not None:
                 continue
             parent, name = path.rstrip("/").rsplit("/", 1)
-            newer = sorted(
-                (i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(parent))
-                 if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_")
-                 and i.base_name > name),
-                reverse=True,
-            )
-            for candidate in newer:  # the newest that is whole
-                if whole(f"{parent}/{candidate}"):
-                    fs.create_dir(path, recursive=True)
-                    pyarrow.fs.copy_files(f"{parent}/{candidate}", path, source_filesystem=fs,
-                                          destination_filesystem=fs)
-                    refilled.append(path)
-                    break
+            newer = []  # (epoch, folder) of each complete checkpoint after the named one
+            for info in fs.get_file_info(pyarrow.fs.FileSelector(parent)):
+                if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_") \
+                        and info.base_name > name:
+                    epoch = _checkpoint_epoch(fs, info.path)
+                    if epoch is not None:
+                        newer.append((epoch, info.path))
+            if not newer:
+                continue
+            logged = _logged_epoch(fs, f"{parent}/{RESULT_FILE}")
+            _, source = max((c for c in newer if c[0] <= logged), default=min(newer))
+            fs.create_dir(path, recursive=True)
+            pyarrow.fs.copy_files(source, path, source_filesystem=fs, destination_filesystem=fs)
+            refilled.append(path)
     return refilled
+
+
+def _checkpoint_epoch(fs, folder: str) -> Optional[int]:
+    """The epoch a checkpoint folder was saved after (its record's epochs), or None unless it is complete:
+    model and record there (a kill can cut an upload or a delete short)."""
+    import pyarrow.fs
+
+    from augtune.records import CHECKPOINT_FILE, RECORD_FILE
+
+    files = [fs.get_file_info(f"{folder}/{file}") for file in (CHECKPOINT_FILE, RECORD_FILE)]
+    if not all(f.type == pyarrow.fs.FileType.File and f.size > 0 for f in files):
+        return None
+    try:
+        with fs.open_input_stream(f"{folder}/{RECORD_FILE}") as f:
+            return len(json.loads(f.read())["epochs"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _logged_epoch(fs, path: str) -> int:
+    """The last epoch in a trial's result log (0 when it has none)."""
+    try:
+        with fs.open_input_stream(path) as f:
+            lines = _whole_lines(f.read()).splitlines()
+    except (FileNotFoundError, OSError):
+        return 0
+    epochs = [json.loads(line).get("epoch", 0) for line in lines if line.strip()]
+    return max(epochs, default=0)
 
 
 # -- the trials Tune restores ---------------------------------------------------------------------------
