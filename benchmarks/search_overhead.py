@@ -2,7 +2,8 @@
 and Ray with the driver; before and after, side by side in one invocation.
 
 Run:  python benchmarks/search_overhead.py [--command search --config examples/search_digits.yaml]
-                                           [--before 899dad4] [--out /tmp/augtune-overhead]
+                                           [--set key=value ...] [--before 899dad4]
+                                           [--out /tmp/augtune-overhead]
 
 Each variant runs the same augtune command on the same config in a fresh process tree:
 - the current checkout ("after");
@@ -14,7 +15,8 @@ and says so). The parts come from the runs' records: `cpu_seconds` (set-up, proc
 training, evaluation, checkpoints, end-of-run figures: the CPU of the trial processes; `seconds`, wall
 time, in records that predate it) and, for records older still, the epochs' `epoch_time_s`. What the
 records do not account for is Ray's daemons, the driver, Tune's bookkeeping in the trial processes and,
-for old records, everything but training.
+for old records, everything but training. The experiment's disk use (every file under it, checkpoints and
+Tune's logs included) is counted after the command ends.
 """
 from __future__ import annotations
 
@@ -79,14 +81,15 @@ class CpuAccount:
                 time.sleep(0.2)
 
 
-def run_variant(name: str, checkout: Path, command: str, config: Path, out: Path) -> dict:
-    """Run `augtune COMMAND CONFIG` from `checkout`; its wall time, CPU and records."""
+def run_variant(name: str, checkout: Path, command: str, config: Path, out: Path,
+                overrides: list[str] = ()) -> dict:
+    """Run `augtune COMMAND CONFIG [--set ...]` from `checkout`; its wall time, CPU, records and disk use."""
     account = CpuAccount(name)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     # a storage folder of its own: the reference rows cached beside one variant's experiments are not the
     # other's (the cache key holds the installed version, which both variants share)
     cmd = [sys.executable, "-m", "augtune.cli", command, str(config), "--storage", str(out / name), "--name",
-           name]
+           name, *(a for kv in overrides for a in ("--set", kv))]
     start = time.perf_counter()
     res = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, preexec_fn=account.enter)
     wall = time.perf_counter() - start
@@ -97,7 +100,8 @@ def run_variant(name: str, checkout: Path, command: str, config: Path, out: Path
         raise SystemExit(f"{name}: {' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
     records = [json.loads(p.read_text()) for p in sorted((out / name / name).rglob("record.json"))
                if "checkpoint_" not in str(p)]
-    return {"name": name, "wall": wall, "cpu": cpu, "how": how, "records": records}
+    disk = sum(p.stat().st_size for p in (out / name / name).rglob("*") if p.is_file() and not p.is_symlink())
+    return {"name": name, "wall": wall, "cpu": cpu, "how": how, "records": records, "disk_mb": disk / 2**20}
 
 
 def parts_of(records: list[dict]) -> dict[str, float | None]:
@@ -149,7 +153,7 @@ def table(variants: list[dict]) -> str:
             f"- {v['name']}: wall {v['wall']:.0f} s, CPU {v['cpu']:.0f} s ({v['how']}); "
             f"{v['trials']} runs in {v['processes'] or '?'} trial processes; training share of the CPU "
             f"{100 * train / v['cpu']:.0f} %; wall / training epochs {v['wall'] / train:.2f}; "
-            f"peak RSS of a trial process {v['rss'] or '?'} MiB"
+            f"peak RSS of a trial process {v['rss'] or '?'} MiB; experiment on disk {v['disk_mb']:.1f} MiB"
         )
         for kind, values in v.get("setup", {}).items():
             if values:
@@ -170,6 +174,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--command", choices=["search", "compare"], default="search")
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "search_digits.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override passed to the command (repeatable)")
     p.add_argument("--before", help="a git revision to run beside the current checkout (e.g. 899dad4)")
     p.add_argument("--out", type=Path, help="where the experiments go (default: a temporary folder)")
     args = p.parse_args()
@@ -180,15 +186,17 @@ def main() -> None:
         if args.before:
             trees.append(worktree(args.before, out))
             variants.append(
-                describe(run_variant(f"before-{args.before}", trees[-1], args.command, config, out))
+                describe(run_variant(f"before-{args.before}", trees[-1], args.command, config, out,
+                                     args.overrides))
             )
-        variants.append(describe(run_variant("after", ROOT, args.command, config, out)))
+        variants.append(describe(run_variant("after", ROOT, args.command, config, out, args.overrides)))
     finally:
         for tree in trees:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True
             )
-    print(f"augtune {args.command} {args.config} ({os.cpu_count()} CPUs)\n")
+    sets = "".join(f" --set {kv}" for kv in args.overrides)
+    print(f"augtune {args.command} {args.config}{sets} ({os.cpu_count()} CPUs)\n")
     print(table(variants))
     if args.out is None:
         shutil.rmtree(out, ignore_errors=True)

@@ -364,3 +364,26 @@ def test_a_lost_checkpoint_is_refilled_from_the_newest_the_result_log_holds(tmp_
     _named_state(exp, trial / "checkpoint_000003")
     assert refill_lost_checkpoints(str(exp)) == [str(trial / "checkpoint_000003")]
     assert (trial / "checkpoint_000003" / "checkpoint.pt").read_bytes() == b"weights of epoch %d" % source
+
+
+def test_list_valued_choices_of_a_registered_space_survive_the_journal(tmp_path):
+    # CoCor's space chooses among lists (cocor.lengths): Optuna warns that lists are not portable to
+    # persistent storage; its journal keeps them as JSON lists, which load back as the lists the trials ran
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from augtune.config import from_dict
+    from augtune.search.searchers import searcher
+    from augtune.spaces import resolve_space
+
+    cfg = from_dict({"search": {"space": "cocor", "algorithm": "optuna", "metric": "knn_acc"}})
+    journal = tmp_path / "optuna.journal"
+    algorithm, _ = searcher(cfg, resolve_space(cfg.search), JournalStorage(JournalFileBackend(str(journal))))
+    suggested = [algorithm.suggest(f"t{i}") for i in range(4)]  # the paper's points first, then TPE's
+    for i in range(4):
+        algorithm.on_trial_complete(f"t{i}", {"knn_acc": 0.5 + i / 10})
+    study = _study(journal)
+    assert [t.params["cocor.lengths"] for t in study.trials] == [p["cocor.lengths"] for p in suggested]
+    assert all(isinstance(t.params["cocor.lengths"], list) for t in study.trials)
+    assert study.trials[0].params["cocor.lengths"] == [1, 2, 3]
+    assert [t.value for t in study.trials] == [0.5, 0.6, 0.7, 0.8]

@@ -51,6 +51,7 @@ def _cost_figure(v: Verdict, metric: str) -> str:
 
 def _curves_figure(repeat: list[dict], metric: str) -> str:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     groups: dict[str, list[dict]] = {}
@@ -70,6 +71,7 @@ def _curves_figure(repeat: list[dict], metric: str) -> str:
             ax.fill_between(x[mask], mean - std, mean + std, alpha=0.2)
     for ax, key in zip(axes, ("loss", metric)):
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(key)
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     return _png(fig)
@@ -77,6 +79,7 @@ def _curves_figure(repeat: list[dict], metric: str) -> str:
 
 def _history_figure(search: list[dict], metric: str, mode: str) -> str:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     groups: dict[str, list[tuple[str, float]]] = {}
@@ -90,6 +93,7 @@ def _history_figure(search: list[dict], metric: str, mode: str) -> str:
         line = ax.plot(range(1, len(y) + 1), y, "o", alpha=0.5)[0]
         ax.plot(range(1, len(y) + 1), best, "-", color=line.get_color(), label=name)
     ax.set_xlabel("trial (in the order it started)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted: no 1.25th trial
     ax.set_ylabel(f"{metric} (last reported)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     return _png(fig)

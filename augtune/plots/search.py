@@ -48,6 +48,7 @@ def _goal(trials: list[Run]) -> tuple[str, str]:
 
 def _draw(study, varying: list[str], metric: str, stem: str, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     from optuna.visualization import matplotlib as ovm
 
     from augtune.analysis.importance import everywhere, param_importances
@@ -55,6 +56,7 @@ def _draw(study, varying: list[str], metric: str, stem: str, out: Path) -> list[
     written = []
     ax = ovm.plot_optimization_history(study, target_name=metric)
     ax.set_xlabel("trial (in the order it started)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     written.append(save(ax.figure, out / f"search_history{stem}.png"))
     ax = ovm.plot_parallel_coordinate(study, params=varying, target_name=metric)
     ax.figure.set_size_inches(max(6.4, 1.6 * (len(varying) + 1)), 4.8)  # room for each parameter's ticks
