@@ -355,12 +355,14 @@ def test_a_lost_checkpoint_is_refilled_from_the_newest_the_result_log_holds(tmp_
     # uploaded epoch 6's too, but the driver died before it logged that epoch (logged = 5): continuing from
     # 6 would leave epoch 6 out of the result log for good, continuing from 5 reports it after the resume.
     # With no complete checkpoint in the log (its copy lags: 3, or none), the oldest leaves the least gap.
+    # A line that is no result (zeros a crash left in the file) is passed over.
     exp = tmp_path / "exp"
     trial = exp / "trial_a"
     _checkpoint(trial / "checkpoint_000004", 5)
     _checkpoint(trial / "checkpoint_000005", 6)
     _checkpoint(trial / "checkpoint_000006", 7, complete=False)  # killed mid-upload: never used
-    (trial / "result.json").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, logged + 1)))
+    lines = [json.dumps({"epoch": e}) for e in range(1, logged + 1)]
+    (trial / "result.json").write_text("".join(f"{line}\n" for line in [*lines[:2], "\0\0\0", *lines[2:]]))
     _named_state(exp, trial / "checkpoint_000003")
     assert refill_lost_checkpoints(str(exp)) == [str(trial / "checkpoint_000003")]
     assert (trial / "checkpoint_000003" / "checkpoint.pt").read_bytes() == b"weights of epoch %d" % source

@@ -254,14 +254,21 @@ def _checkpoint_epoch(fs, folder: str) -> Optional[int]:
 
 
 def _logged_epoch(fs, path: str) -> int:
-    """The last epoch in a trial's result log (0 when it has none)."""
+    """The last epoch in a trial's result log (0 when it has none; a line that is not a result is skipped)."""
     try:
         with fs.open_input_stream(path) as f:
             lines = _whole_lines(f.read()).splitlines()
-    except (FileNotFoundError, OSError):
+    except OSError:  # FileNotFoundError among them
         return 0
-    epochs = [json.loads(line).get("epoch", 0) for line in lines if line.strip()]
-    return max(epochs, default=0)
+    epochs = [0]
+    for line in lines:
+        try:
+            epoch = json.loads(line).get("epoch")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(epoch, int):
+            epochs.append(epoch)
+    return max(epochs)
 
 
 # -- the trials Tune restores ---------------------------------------------------------------------------
