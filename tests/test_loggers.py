@@ -15,7 +15,8 @@ import yaml
 
 from augtune.cli import main
 from augtune.config import ConfigError, load_config
-from augtune.records import REPEAT_DIR
+from augtune.records import REPEAT, REPEAT_DIR
+from augtune.search.recovery import restored_trials
 from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,13 +163,15 @@ def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     exp = search(tmp_path, config, env)
-    # the search trials' records; Tune's folders of the repeat runs are there too, their records apart
-    trials = {json.loads((d / "record.json").read_text())["method"]: d.name.split("_")[2:4]
-              for d in trial_dirs(exp) if (d / "record.json").is_file()}
-    repeats = {json.loads((d / "record.json").read_text())["method"]: d.name.split("_")[2:4]
-               for d in trial_dirs(exp / REPEAT_DIR)}
-    expected = {f"{m} search ({'_'.join(trials[m])})" for m in ("simclr", "byol")} | {
-        f"{m} repeat seed=3 ({'_'.join(repeats[m])})" for m in ("simclr", "byol")}
+    # Tune's trials, search and repeat (one Tune run), by their ids: a grid trial's is Tune's `a1b2c_00001`,
+    # a repeat run's the 8-digit hexadecimal id Tune gives the trials a search algorithm makes
+    expected = set()
+    for t in restored_trials(str(exp), repeats=True):
+        repeat = REPEAT in t.config
+        method = (t.config[REPEAT] if repeat else t.config)["method.base"]
+        phase = "repeat seed=3" if repeat else "search"
+        expected.add(f"{method} {phase} ({t.trial_id})")
+    assert len(expected) == 4 and len(list((exp / REPEAT_DIR).glob("*/record.json"))) == 2
 
     runs = wandb_runs(exp)  # offline: every run's files are under the experiment, for `wandb sync` later
     assert {r["display_name"] for r in runs} == expected
