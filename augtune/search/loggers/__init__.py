@@ -3,7 +3,7 @@
 - tensorboard: `ray.tune.logger.TBXLoggerCallback` (Tune's default), event files in each trial's folder;
 - wandb: `ray.air.integrations.wandb.WandbLoggerCallback` (`pip install 'augtune[wandb]'`): project
   $WANDB_PROJECT or `augtune`, group the search's experiment name, job type the phase (`search` or
-  `repeat`), run name `<entrant> <phase> ...` (e.g. `simclr+pinda repeat seed=2 (a1b2c_00004)`); the
+  `repeat`), run name `<entrant> <phase> ...` (e.g. `simclr+pinda repeat seed=2 (0918ae0b)`); the
   run files of a local experiment go to `<experiment>/wandb` ($WANDB_MODE=offline keeps them there,
   for `wandb sync` later);
 - mlflow: `ray.air.integrations.mlflow.MLflowLoggerCallback` (`pip install 'augtune[mlflow]'`): tracking
