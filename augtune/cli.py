@@ -10,7 +10,6 @@ import argparse
 import datetime as _dt
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -44,18 +43,20 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("search", help="search a config's space with Ray Tune (+ Optuna, ASHA)")
     s.add_argument("config", help="YAML config with a `search` section")
-    _ray_job_args(s, "<space>-<dataset>-<time>")
+    _ray_job_args(s, "<space>-<data>-<time>")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search or compare")
     r.add_argument("experiment", help="the experiment's folder (<storage>/<name>)")
     r.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
     r.add_argument("--address", help="join a Ray cluster instead of starting a local one")
+    r.add_argument("--trust", action="store_true",
+                   help="load state this user's augtune did not sign (a folder from someone you trust)")
     r.set_defaults(func=cmd_resume)
 
     c = sub.add_parser("compare", help="every method head to head under one budget: a verdict and a report")
     c.add_argument("config", help="YAML config; its `compare` section sets the entrants, trials and seeds")
-    _ray_job_args(c, "compare-<dataset>-<time>")
+    _ray_job_args(c, "compare-<data file's stem or data set>-<time>")
     c.set_defaults(func=cmd_compare)
 
     im = sub.add_parser(
@@ -90,6 +91,8 @@ def _ray_job_args(p: argparse.ArgumentParser, default_name: str) -> None:
     p.add_argument("--storage", help="experiment storage: a folder (default ./results) or a URI (s3://, gs://)")
     p.add_argument("--name", help=f"experiment name (default: {default_name})")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (off by default)")
+    p.add_argument("--plan", action="store_true",
+                   help="print what would run and exit, without starting Ray or writing anything")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -183,24 +186,17 @@ def _print_final_table(exp_dir: Path, cfg) -> None:
 
 
 def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, title: str, verbose: bool) -> int:
-    """Run a search-like job with augtune's progress view and Ray's chatter in the experiment's log;
-    every way it can end becomes an exit code and, where it did not finish, one line saying why."""
+    """Run a search-like job as the Python API does (`augtune.api.run_job`: one progress line, Ray's
+    chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
+    finish, one line saying why."""
+    from augtune.api import log_file, run_job
     from augtune.config import ConfigError
     from augtune.search import SearchFailed, SearchInterrupted
-    from augtune.search.launch import LOG_FILE
-    from augtune.search.progress import Progress, quiet_ray
+    from augtune.search.launch import RayStartFailed
 
-    if verbose:
-        os.environ["AUGTUNE_VERBOSE"] = "1"
-    # Ray's own messages go to the experiment's log file; one kept in cloud storage logs to a local file
-    # named after it (a log appended line by line is no object to upload)
-    local_log = Path(tempfile.gettempdir()) / f"augtune-{experiment.rstrip('/').rsplit('/', 1)[-1]}.log"
-    quiet_ray(local_log if "://" in experiment else Path(experiment) / LOG_FILE, verbose)
-    s = cfg.search
-    progress = Progress(s.metric, s.mode, s.num_samples if s.algorithm == "optuna" else None, title=title)
     try:
-        run([progress])
-    except ConfigError as e:  # the cluster cannot hold one trial, or the folder is in use
+        run_job(run, experiment, cfg, verbose)
+    except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use, untrusted state
         raise UsageError(str(e)) from None
     except (SearchInterrupted, KeyboardInterrupt):
         print(f"\naugtune: interrupted; finished trials are kept. Continue with: augtune resume {experiment}",
@@ -208,6 +204,10 @@ def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, title: str, v
         return EXIT_INTERRUPTED
     except SearchFailed as e:
         print(f"augtune: error: {e}", file=sys.stderr)
+        return 1
+    except RayStartFailed as e:  # nothing ran; the folder holds its plan, so resume starts it
+        print(f"augtune: error: {e}; Ray's log: {log_file(experiment)}; try again with: augtune resume "
+              f"{experiment}", file=sys.stderr)
         return 1
     except Exception as e:  # Tune wraps what failed in its own errors: a full disk is said in one line
         cause = _os_error(e) or _full_disk(experiment)
@@ -223,7 +223,9 @@ def _full_disk(experiment: str) -> OSError | None:
     import errno
     import shutil
 
-    if "://" in experiment:
+    from augtune.search.storage import is_uri
+
+    if is_uri(experiment):
         return None
     try:
         free = shutil.disk_usage(
@@ -274,6 +276,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                            address=args.address, dashboard=args.dashboard, figure_kinds=PLOTS)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    if args.plan:
+        from augtune.search.plan import describe
+
+        print(f"search {plan.experiment} (not started: --plan)")
+        print("\n".join(describe(plan)))
+        return 0
     code = _run_on_ray(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
                        plan.experiment, plan.cfg, "search", args.verbose)
     if code == 0:
@@ -287,20 +295,30 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
     from augtune.search.compare import is_compare, load_compare, run_compare
+    from augtune.search.experiment import is_finished
+    from augtune.search.storage import is_uri
 
     try:
         parent = Path(str(args.experiment).rstrip("/")).parent  # an entrant's search runs with the others'
-        if "://" not in str(args.experiment) and is_compare(str(parent)):
+        if not is_uri(args.experiment) and is_compare(str(parent)):
             raise ConfigError(f"{args.experiment}: an entrant of the compare experiment {parent}, whose "
                               f"searches run together; continue it with: augtune resume {parent}")
         if is_compare(args.experiment):
             plan = load_compare(args.experiment, address=args.address)
+            if is_finished(plan.experiment) and not args.restart_errored:  # nothing to run: no Ray
+                print(f"{plan.experiment} has finished; its verdict, from its records:")
+                _compare_verdict(plan.experiment)
+                return 0
             return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures,
-                                                                callbacks=cb), args.verbose)
+                                                                callbacks=cb, trust=args.trust), args.verbose)
         plan = load_plan(args.experiment, address=args.address)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    code = _run_on_ray(lambda cb: resume_search(plan, restart_errored=args.restart_errored,
+    if is_finished(plan.experiment) and not args.restart_errored:
+        print(f"{plan.experiment} has finished; its table, from its records:")
+        _final_table(plan.experiment, plan.cfg)
+        return 0
+    code = _run_on_ray(lambda cb: resume_search(plan, restart_errored=args.restart_errored, trust=args.trust,
                                                 on_completed=end_of_run_figures, callbacks=cb),
                        plan.experiment, plan.cfg, "search", args.verbose)
     if code == 0:
@@ -313,23 +331,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError, load_config
     from augtune.data import DataError, load_dataset
     from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.search.compare import plan_compare, run_compare
-    from augtune.search.plan import check_name, resolve_storage
+    from augtune.search.compare import describe_compare, plan_compare, run_compare
+    from augtune.search.experiment import check_name, check_name_free, data_subject, default_name
+    from augtune.search.plan import resolve_storage
 
     try:
         cfg = check_config(load_config(args.config, args.overrides), PLOTS)
-        modality = load_dataset(cfg.dataset).modality
+        data = load_dataset(cfg.dataset)
+        modality = data.modality
         storage = resolve_storage(args.storage)
-        name = check_name(args.name or f"compare-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}")
-        if "://" not in storage and (Path(storage) / name).exists():
-            raise ConfigError(
-                f"--name: {Path(storage) / name} already exists; continue it with `augtune resume "
-                f"{Path(storage) / name}` or choose another name"
-            )
+        name = check_name(args.name) if args.name else default_name("compare", data_subject(cfg), storage)
+        check_name_free(f"{storage.rstrip('/')}/{name}")
         plan = plan_compare(cfg, modality, storage=storage, name=name, address=args.address,
-                            dashboard=args.dashboard, figure_kinds=PLOTS)
+                            dashboard=args.dashboard, figure_kinds=PLOTS, data=data)
     except (ConfigError, DataError) as e:
         raise UsageError(str(e)) from None
+    if args.plan:
+        print(f"compare {plan.experiment} (not started: --plan)")
+        print("\n".join(describe_compare(plan)))
+        return 0
     print(f"compare {plan.experiment}: {len(plan.labels)} entrants ({', '.join(plan.labels)}), "
           f"{cfg.compare.trials} trials each, best re-run on {cfg.compare.seeds} seeds", flush=True)
     return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
@@ -358,11 +378,9 @@ def _compare_verdict(exp_dir: str) -> None:
 
 def cmd_importance(args: argparse.Namespace) -> int:
     """Hyperparameter importances of a search, or of each entrant of a compare experiment."""
-    import json
-
     from augtune.analysis.compare import is_compare
     from augtune.analysis.importance import format_importances, importances
-    from augtune.records import SEARCH_FILE, read_search_file
+    from augtune.records import SEARCH_FILE, read_record, read_search_file
 
     exp = Path(args.experiment)
     folders = sorted(p.parent for p in exp.glob("*/augtune_search.yaml")) if is_compare(exp) else [exp]
@@ -376,7 +394,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
         records = []
         for path in sorted(folder.glob("*/record.json")):
             try:
-                records.append(json.loads(path.read_text()))
+                records.append(read_record(path))
             except (OSError, ValueError):
                 continue
         print(format_importances(folder.name, importances(records, search["metric"], search["mode"])))
@@ -475,6 +493,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.func in (cmd_train, cmd_search, cmd_compare, cmd_resume):
+        from augtune.search.launch import hold_to_loopback
+
+        hold_to_loopback(getattr(args, "address", None))  # before anything imports Ray
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit

@@ -26,6 +26,11 @@ class ConfigError(ValueError):
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 40, 40
+_REPR.maxlong = 40  # an integer of 70 digits (a seed of 2e70) is shown by its ends
+
+# The largest seed: numpy's and scikit-learn's `random_state` (the split, k-means, UMAP, Optuna's
+# sampler) take 0 .. 2^32 - 1; torch takes more, but one seed feeds them all.
+MAX_SEED = 2**32 - 1
 
 
 def short(value: Any) -> str:
@@ -49,7 +54,8 @@ class DatasetConfig:
     path: Optional[str] = None  # `arrays`: the .npz or .csv file
     as_vectors: bool = False  # flatten images into vectors (the papers' non-vision setting)
     test_fraction: float = _f(0.3, min=0, max=1, min_open=True, max_open=True)  # when no split is given
-    split_seed: int = 0  # the stratified split does not move with train.seed: seeds vary training only
+    # the stratified split does not move with train.seed: seeds vary training only
+    split_seed: int = _f(0, min=0, max=MAX_SEED)
     download: bool = False  # never touch the network unless asked
     max_train: Optional[int] = _f(None, min=1)  # stratified, seeded subsample (smoke runs, budgets)
     max_test: Optional[int] = _f(None, min=1)
@@ -128,7 +134,7 @@ class TrainConfig:
     min_lr_ratio: float = _f(0.0, min=0, max=1)  # cosine ends at lr * min_lr_ratio
     temperature: float = _f(0.1, min=0, min_open=True)  # PiNDA B.4 and NRCC: tau = 0.1
     phases: str = ""  # e.g. "A:200,B:400,A:800", scaled to `epochs`; empty: one phase
-    seed: int = 0
+    seed: int = _f(0, min=0, max=MAX_SEED)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     grad_clip: Optional[float] = _f(None, min=0, min_open=True)
@@ -189,7 +195,7 @@ class EvalConfig:
     cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)
 
 
-# -- the augmentation methods' own sections: one per paper (hyperparameter names as DESIGN.md) --------
+# -- the augmentation methods' own sections, one per paper (names: docs/contributing.md) --------
 
 @dataclass(frozen=True)
 class PiNDAConfig:
@@ -236,7 +242,7 @@ class CoCorConfig:
     pool: Literal["all", "color", "affine"] = "all"  # basic augmentations the composites draw from (5.4)
     consistency: Literal["softplus", "abs"] = "softplus"  # App. A (batch means) or eq. 2 (per sample)
     mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
-    # App. B eq. 20, or autograd through the step
+    # App. B's finite difference in its limit eps -> 0 (forward mode), or autograd through the step
     meta: Literal["finite_difference", "exact"] = "finite_difference"
     # labelled part of train for the MMNN update
     label_fraction: float = _f(0.01, min=0, max=1, min_open=True)
@@ -303,7 +309,7 @@ class SearchConfig:
     # space's batch size, or method.base to put a method's space on another base)
     hold: tuple[str, ...] = ()
     algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna: TPE, seeded by `seed`
-    seed: int = 0
+    seed: int = _f(0, min=0, max=MAX_SEED)
     num_samples: int = _f(4, min=1)  # trials (grid: repeats of the whole grid)
     metric: str = "knn_acc"
     mode: Literal["max", "min"] = "max"
@@ -478,13 +484,11 @@ def _check_range(key: str, value: Any, meta: dict) -> None:
         return
     lo, hi = meta.get("min"), meta.get("max")
     if lo is not None and (value <= lo if meta.get("min_open") else value < lo):
-        raise ConfigError(
-            f"{key}: expected a number {'>' if meta.get('min_open') else '>='} {lo}, got {value}"
-        )
+        bound = ">" if meta.get("min_open") else ">="
+        raise ConfigError(f"{key}: expected a number {bound} {lo}, got {short(value)}")
     if hi is not None and (value >= hi if meta.get("max_open") else value > hi):
-        raise ConfigError(
-            f"{key}: expected a number {'<' if meta.get('max_open') else '<='} {hi}, got {value}"
-        )
+        bound = "<" if meta.get("max_open") else "<="
+        raise ConfigError(f"{key}: expected a number {bound} {hi}, got {short(value)}")
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -537,6 +541,9 @@ def _validate_section(obj: Any, prefix: str) -> None:
             raise ConfigError(f"{prefix}.checkpoint_every: {e}") from None
     if isinstance(obj, DatasetConfig):
         _validate_dataset(obj, prefix)
+    if isinstance(obj, RepeatBestConfig):
+        for i, seed in enumerate(obj.seeds):
+            _check_range(f"{prefix}.seeds[{i}]", seed, {"min": 0, "max": MAX_SEED})
     if isinstance(obj, ViewConfig):
         lo_hi = obj.crop_scale
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
@@ -666,7 +673,23 @@ def safe_load(text: str, where: str) -> Any:
         line = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None)
         raise ConfigError(f"{where}: not valid YAML{line}" + (f": {problem}" if problem else "")) from None
-    if _expanded_size(data, {}) > MAX_NODES:
+    except ValueError:  # Python reads no integer of more than 4300 digits (sys.int_max_str_digits)
+        import re
+
+        digits = re.search(r"[0-9]{4000,}", text)
+        line = f" at line {text.count(chr(10), 0, digits.start()) + 1}" if digits else ""
+        raise ConfigError(
+            f"{where}: a number{line} has thousands of digits; expected a value in range"
+        ) from None
+    except RecursionError:  # PyYAML composes nested lists by recursion: [[[[... 100,000 deep
+        raise ConfigError(f"{where}: nested too deep to read (lists or mappings inside each other "
+                          f"hundreds of times)") from None
+    try:
+        size = _expanded_size(data, {})
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deep to read (lists or mappings inside each other "
+                          f"hundreds of times)") from None
+    if size > MAX_NODES:
         raise ConfigError(f"{where}: expands to more than {MAX_NODES} values (YAML anchors and aliases?)")
     return data
 

@@ -12,12 +12,14 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 FORMAT = "augtune.record/1"
+
 RECORD_FILE = "record.json"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -32,6 +34,12 @@ REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contai
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"
 REPEAT = "_repeat"
+
+
+def is_uri(location: object) -> bool:
+    """Whether a location is a URI (s3://, gs://, ...) rather than a local path: the one predicate
+    (`augtune.search.storage` re-exports it)."""
+    return "://" in str(location)
 
 
 def now() -> str:
@@ -159,16 +167,63 @@ def write_record(run_dir: Path, record: dict) -> None:
     write_json_atomic(Path(run_dir) / RECORD_FILE, record)
 
 
+# JSON nesting a reader accepts: a record nests about 5 deep (config, section, search space, a list
+# of choices); Python's parser recurses per level: a file nested 100,000 deep was a RecursionError.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+class JSONFileError(ValueError):
+    """A JSON file that cannot be read: `str()` is one line naming the file, `reason` the rest."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def json_depth(text: str) -> int:
+    """How deep the brackets of JSON `text` nest outside its strings, counted without recursion."""
+    depth = deepest = 0
+    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def read_json(path: Path, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON document in file `path`, or a JSONFileError naming the file and what is wrong with
+    it: unreadable, not UTF-8, nested deeper than `max_depth`, or not valid JSON (a file cut short,
+    as a full disk leaves one, says so)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise JSONFileError(path, f"cannot be read ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:
+        raise JSONFileError(path, f"not UTF-8 text (byte {e.start}); not a JSON file") from None
+    if json_depth(text) > max_depth:
+        raise JSONFileError(path, f"nested more than {max_depth} deep; not a file augtune wrote")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        short = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated")
+        cut = " (cut short: was the disk full?)" if short else ""
+        where = f"line {e.lineno} column {e.colno}"
+        raise JSONFileError(path, f"not valid JSON: {e.msg} at {where}{cut}") from None
+    except RecursionError:  # the depth is counted first; this is a second line of defence
+        raise JSONFileError(path, "nested too deep; not a file augtune wrote") from None
+
+
 def read_record(path: Path) -> dict:
-    """Read a record from a file or from a run folder."""
+    """A record, from its file or its run folder; a ValueError naming the file when it is none."""
     path = Path(path)
     if path.is_dir():
         path = path / RECORD_FILE
-    data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
-        raise ValueError(
-            f"{path}: not an augtune record (format {data.get('format')!r}, expected {FORMAT!r})"
-        )
+    data = read_json(path)
+    found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    if found != FORMAT:
+        raise JSONFileError(path, f"not an augtune record (format {found!r}, expected {FORMAT!r})")
     return data
 
 

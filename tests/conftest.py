@@ -1,9 +1,10 @@
 """What the tests share: tiny networks, one torch thread for tiny tensors, a cache of the session, and
 Tune's saved state made by hand.
 
-The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) goes to a
-folder of this test session, inherited by every CLI and Ray process a test starts: the suite never reads
-or fills the user's own cache, and a run of it starts from nothing, as CI does.
+The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) and the key
+that signs experiment state (`$XDG_CONFIG_HOME/augtune`) go to folders of this test session, inherited
+by every CLI and Ray process a test starts: the suite never reads or fills the user's own, and a run of
+it starts from nothing, as CI does.
 """
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ TINY_MLP = {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 1
 TINY_CNN = {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16}
 
 _CACHE = tempfile.mkdtemp(prefix="augtune-test-cache-")
+_CONFIG = tempfile.mkdtemp(prefix="augtune-test-config-")  # the state-signing key of this session
 
 
 def pytest_configure(config):
     os.environ["XDG_CACHE_HOME"] = _CACHE
+    os.environ["XDG_CONFIG_HOME"] = _CONFIG
 
 
 def pytest_unconfigure(config):
     shutil.rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(_CONFIG, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,44 @@
-"""The house has one-way stairs: every import of the package points down the floors of DESIGN.md, and
-no module imports itself back through others. The test walks every module's imports with `ast`
-(including imports inside functions, which are still dependencies; TYPE_CHECKING-only imports are
-annotations, not dependencies, and are left out)."""
+"""The house has one-way stairs: every import of the package points down the floors that
+docs/contributing.md's table gives each part, and no module imports itself back through others. The
+test walks every module's imports with `ast` (including imports inside functions, which are still
+dependencies; TYPE_CHECKING-only imports are annotations, not dependencies, and are left out) and reads
+the floors from the table, so the documented design and the code cannot drift apart."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "augtune"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "augtune"
+DESIGN = ROOT / "docs" / "contributing.md"
+TABLE_MARK = "<!-- floors:"  # the comment right above the table
 
-# floor of each top-level part (a module or a package); an import may point to the same or a lower floor
-FLOORS = {"__init__": 0, "config": 0, "records": 0, "phases": 0,
-          "data": 1, "models": 1, "methods": 1, "eval": 1,
-          "checks": 2, "trainables": 2,
-          "spaces": 3, "search": 4, "analysis": 5, "plots": 5, "cli": 6}
-FORBIDDEN = {("analysis", "trainables"), ("analysis", "search"), ("config", "*")}
+
+def floors_table(text: str | None = None) -> dict[str, int]:
+    """{part: floor} from the floors table of docs/contributing.md: the first table after the marker,
+    one part per row, `| floor | `part` | what it holds |`."""
+    text = DESIGN.read_text(encoding="utf-8") if text is None else text
+    assert TABLE_MARK in text, f"{DESIGN} lost its floors table (the line starting {TABLE_MARK!r})"
+    out: dict[str, int] = {}
+    started = False
+    for line in text[text.index(TABLE_MARK):].splitlines()[1:]:
+        if not line.startswith("|"):
+            if started:
+                break
+            continue
+        started = True
+        row = re.match(r"\|\s*(\d+)\s*\|\s*`([\w]+)`\s*\|", line)
+        if row:
+            assert row.group(2) not in out, f"{DESIGN}: {row.group(2)} has two rows in the floors table"
+            out[row.group(2)] = int(row.group(1))
+    assert out, f"{DESIGN}: no rows in the floors table"
+    return out
+
+
+FLOORS = floors_table()
+# beyond the floors: what each of these parts may import, besides itself
+ONLY = {"config": set(), "analysis": {"config", "records"}}
 
 
 def part(module: str) -> str:
@@ -73,8 +97,47 @@ def imports(name: str, path: Path) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
+    """{module: the package's modules it imports}. An import of the package itself (`from augtune import
+    __version__`) is left out: Python runs augtune/__init__.py before any module of the package anyway,
+    so it adds no dependency (what `__init__` itself imports is kept)."""
     mods = modules()
-    return {name: {m for m in imports(name, path) if m in mods and m != name} for name, path in mods.items()}
+    return {name: {m for m in imports(name, path) if m in mods and m not in (name, "augtune")}
+            for name, path in mods.items()}
+
+
+def part_graph() -> dict[str, set[str]]:
+    """{part: the other parts it imports} (`graph`'s edges between parts)."""
+    out: dict[str, set[str]] = {part(name): set() for name in modules()}
+    for name, targets in graph().items():
+        out[part(name)] |= {part(t) for t in targets} - {part(name)}
+    return out
+
+
+def layered(parts: dict[str, set[str]]) -> dict[str, int]:
+    """The floors the imports give: 0 for a part that imports no other, else one above its highest import."""
+    done: dict[str, int] = {}
+
+    def floor(p: str, seen: tuple = ()) -> int:
+        if p not in done:
+            assert p not in seen, f"parts import each other: {' -> '.join((*seen, p))}"
+            done[p] = 1 + max((floor(q, (*seen, p)) for q in parts[p]), default=-1)
+        return done[p]
+
+    for p in parts:
+        floor(p)
+    return done
+
+
+def _table(floors: dict[str, int]) -> str:
+    return "\n".join(f"| {f} | `{p}` |" for p, f in sorted(floors.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+def test_every_part_has_a_floor_in_the_design():
+    parts = set(part_graph())
+    missing, stale = sorted(parts - set(FLOORS)), sorted(set(FLOORS) - parts)
+    assert not missing and not stale, (
+        f"{DESIGN.relative_to(ROOT)}'s floors table: add {missing or 'nothing'}, "
+        f"remove {stale or 'nothing'}; the code's floors are:\n{_table(layered(part_graph()))}")
 
 
 def test_every_import_points_down_the_floors():
@@ -83,14 +146,27 @@ def test_every_import_points_down_the_floors():
         here = part(name)
         for t in targets:
             there = part(t)
-            if (
-                FLOORS[there] > FLOORS[here]
-                or (here, there) in FORBIDDEN
-                or (here == "config" and there != "config")
-            ):
-                if here != there:
-                    upward.append(f"{name} -> {t}")
-    assert not upward, "imports that point up the floors:\n" + "\n".join(sorted(upward))
+            if here != there and (FLOORS.get(there, 99) >= FLOORS.get(here, -1)
+                                  or (here in ONLY and there not in ONLY[here])):
+                upward.append(f"{name} -> {t}")
+    assert not upward, ("imports that do not point down the floors of docs/contributing.md:\n"
+                        + "\n".join(sorted(upward)))
+
+
+def test_the_floors_table_is_the_codes_layering():
+    """Every part sits one floor above the highest part it imports (floor 0: it imports none), so the
+    table is neither looser nor stricter than the code."""
+    code = layered(part_graph())
+    wrong = {p: (FLOORS[p], f) for p, f in code.items() if p in FLOORS and FLOORS[p] != f}
+    assert not wrong, (
+        f"floors in {DESIGN.relative_to(ROOT)} that differ from the code's (table, code): {wrong}; "
+        f"the code's floors are:\n{_table(code)}")
+
+
+def test_the_floors_table_reader():
+    text = "x\n<!-- floors: -->\n| floor | part | holds |\n| ---: | --- | --- |\n| 0 | `config` | c |\n" \
+           "| 2 | `cli` | d |\n\nnot a row | 9 | `x` |\n"
+    assert floors_table(text) == {"config": 0, "cli": 2}
 
 
 def test_no_import_cycles_between_modules():

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from augtune.config import ConfigError, from_dict
 from augtune.data import load_dataset
@@ -217,36 +218,92 @@ def test_abs_consistency_is_per_sample_distance():
 _HARD_DRAWS = (22, 25, 45, 47, 48, 52, 56, 58, 59)
 
 
+def _model(backbone: str) -> dict:
+    if backbone == "mlp":
+        return {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16}
+    return {"backbone": "cnn", "width": 4}
+
+
+def _fresh_draw(digits, backbone: str, seed: int):
+    """A float64 method at fresh weights of `seed`, its MMNN batch of 32 and the labelled set."""
+    torch.manual_seed(seed)
+    cfg = cfg_dict(model=_model(backbone), cocor={"meta_batch": 32})
+    method = build_method(cfg, digits).double()
+    aug: CoCor = method.augments[0]
+    x = digits.x_train[seed:seed + 32].double()
+    batch = Batch(x=x, views=(x, x), index=torch.arange(32))
+    aug.loss_terms(batch, None, method, StepInfo(0, 0, 1))
+    return method, aug, aug.x_lab.double(), aug.y_lab
+
+
+def _flat(grads) -> torch.Tensor:
+    return torch.cat([g.flatten() for g in grads])
+
+
 @pytest.mark.parametrize("backbone", ["mlp", "cnn"])
-def test_finite_difference_meta_gradient_matches_the_exact_hypergradient_in_every_seed(digits, backbone):
-    """App. B's finite difference against autograd through the look-ahead, over 29 draws of weights and
-    batch (the first 20 and the known hard ones): the anchor f(x) is under stop-gradient in both (a
-    one-seed test once hid an estimate that recomputed it at theta +- eps u and pointed the wrong way in a
-    third of the draws), and the direction u is dCE/dtheta at the look-ahead theta' (at theta, a step that
-    flips ReLU/max-pool choices gave cosines of 0.07 and -0.61 on the CNN)."""
-    model = ({"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16} if backbone == "mlp"
-             else {"backbone": "cnn", "width": 4})
-    cfg = cfg_dict(model=model, cocor={"meta_batch": 32})
+def test_finite_difference_meta_gradient_is_the_exact_hypergradient_in_every_seed(digits, backbone):
+    """`finite_difference` (App. B's central difference in its limit eps -> 0, by forward mode)
+    against autograd through the look-ahead, over 29 draws of weights and batch (the first 20 and
+    the known hard ones), float64: the same number up to rounding (measured 8e-15 relative). The
+    anchor f(x) is under stop-gradient in both (a one-seed test once hid an estimate that
+    recomputed it at theta +- eps u and pointed the wrong way in a third of the draws), and the
+    direction u is dCE/dtheta at the look-ahead theta' (at theta, a step that flips ReLU/max-pool
+    choices gave cosines of 0.07 and -0.61 on the CNN)."""
     eta = 1e-3  # a learning rate: the look-ahead is one step of the encoder's optimiser
-    cosines, ratios = [], []
     for seed in (*range(20), *_HARD_DRAWS):
-        torch.manual_seed(seed)
-        method = build_method(cfg, digits).double()
-        aug: CoCor = method.augments[0]
-        x = digits.x_train[seed:seed + 32].double()
-        aug.loss_terms(Batch(x=x, views=(x, x), index=torch.arange(32)), None, method, StepInfo(0, 0, 1))
-        x_l, y_l = aug.x_lab.double(), aug.y_lab
-        exact, c_exact, ce_exact = aug.meta_gradients(method.objective, aug._meta, x_l, y_l, eta, "exact")
-        fd, c_fd, ce_fd = aug.meta_gradients(method.objective, aug._meta, x_l, y_l, eta, "finite_difference")
-        e, f = torch.cat([g.flatten() for g in exact]), torch.cat([g.flatten() for g in fd])
+        method, aug, x_l, y_l = _fresh_draw(digits, backbone, seed)
+        obj = method.objective
+        exact, c_exact, ce_exact = aug.meta_gradients(obj, aug._meta, x_l, y_l, eta, "exact")
+        fd, c_fd, ce_fd = aug.meta_gradients(obj, aug._meta, x_l, y_l, eta, "finite_difference")
+        e, f = _flat(exact), _flat(fd)
         assert e.norm() > 0
-        cosines.append(float(torch.nn.functional.cosine_similarity(e, f, dim=0)))
-        ratios.append(float(f.norm() / e.norm()))
-        # the classifier's gradient and the CE are both taken at theta' in either mode: the same numbers
+        assert (f - e).norm() < 1e-10 * e.norm(), (seed, float((f - e).norm() / e.norm()))
+        # the classifier's gradient and the CE are both taken at theta' in either mode: the same
         assert torch.allclose(ce_fd, ce_exact, rtol=1e-10)
         assert all(torch.allclose(a, b, rtol=1e-8, atol=1e-12) for a, b in zip(c_fd, c_exact))
-    assert min(cosines) > 0.9, list(zip(cosines, ratios))
-    assert 0.5 <= min(ratios) and max(ratios) <= 2, list(zip(cosines, ratios))
+
+
+def _central_difference(aug: CoCor, obj, meta, x_l, y_l, eta: float, eps: float) -> torch.Tensor:
+    """App. B's estimate written out (DARTS): -eta [d_d L(theta + h u) - d_d L(theta - h u)] / 2h,
+    h = eps / |u|, u = dCE/dtheta at theta' = theta - eta grad L, the anchor held at theta."""
+    x0, views, counts = meta
+    theta = obj.encoder_parameters()
+    z0 = aug.anchor(obj, x0)
+    t = aug.targets(counts, x0.shape[0])
+    sim = aug.latent_similarity(obj, x0, views, z0=z0)
+    g = torch.autograd.grad(consistency_loss(sim, t.detach()), list(theta.values()))
+    ahead = {n: (p - eta * gi).detach().requires_grad_(True)
+             for (n, p), gi in zip(theta.items(), g)}
+    ce = F.cross_entropy(aug.classifier(obj.encode_with(ahead, x_l)), y_l)
+    u = torch.autograd.grad(ce, list(ahead.values()))
+    h = eps / torch.sqrt(sum((ui ** 2).sum() for ui in u))
+    loss = []
+    for sign in (1, -1):
+        with torch.no_grad():
+            at = {n: p + sign * h * ui for (n, p), ui in zip(theta.items(), u)}
+            sim = aug.latent_similarity(obj, x0, views, z0=z0, params=at)
+        loss.append(consistency_loss(sim, t))
+    quotient = -eta * (loss[0] - loss[1]) / (2 * h)
+    return _flat(torch.autograd.grad(quotient, list(aug.mmnn.parameters())))
+
+
+def test_finite_difference_is_the_limit_of_app_b_central_difference(digits):
+    """The estimate is the limit eps -> 0 of App. B's difference quotient: in float64 on an MLP
+    the quotient's error falls as eps^2 from eps = 1e-3 to 1e-4 (100x; more where 1e-3 crosses a
+    ReLU kink; measured 17x to 3e5x, median 8e4x; asserted: median > 30x), and at eps = 1e-5 it
+    agrees to 1e-6 relative in each of 10 draws (measured <= 2e-8)."""
+    ratios = []
+    for seed in range(10):
+        method, aug, x_l, y_l = _fresh_draw(digits, "mlp", seed)
+        obj, meta = method.objective, aug._meta
+        est = _flat(aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "finite_difference")[0])
+        err = {}
+        for eps in (1e-3, 1e-4, 1e-5):
+            quotient = _central_difference(aug, obj, meta, x_l, y_l, 1e-3, eps)
+            err[eps] = float((quotient - est).norm() / est.norm())
+        assert err[1e-5] < 1e-6, (seed, err)
+        ratios.append(err[1e-3] / err[1e-4])
+    assert sorted(ratios)[len(ratios) // 2] > 30, ratios
 
 
 def test_finite_difference_leaves_the_encoder_exactly_as_it_was(digits):

@@ -100,3 +100,39 @@ def test_phase_schedule_scales_to_the_run_and_keeps_order():
     for bad in ("A", "A:0", "A:-1", ":3", "A:2,,B:1", "1A:2"):
         with pytest.raises(ValueError):
             parse_phases(bad, 10)
+
+
+@pytest.mark.parametrize("key", ["train.seed", "dataset.split_seed", "search.seed"])
+def test_seeds_are_those_numpy_and_scikit_learn_take_and_the_message_names_the_key(key):
+    """0 .. 2^32 - 1 (numpy's and scikit-learn's `random_state`): a seed of 2e70 was torch's "Overflow
+    when unpacking long long", a negative split seed blamed dataset.test_fraction."""
+    from augtune.config import MAX_SEED
+
+    assert load_config(None, [f"{key}={MAX_SEED}"])
+    with pytest.raises(ConfigError, match=rf"^{key}: expected a number <= {MAX_SEED}, got 2000"):
+        load_config(None, [f"{key}=2{'0' * 70}"])
+    with pytest.raises(ConfigError, match=rf"^{key}: expected a number >= 0, got -1$"):
+        load_config(None, [f"{key}=-1"])
+    with pytest.raises(ConfigError, match=r"^search.repeat_best.seeds\[1\]: expected a number >= 0"):
+        load_config(None, ["search.repeat_best.seeds=[1, -2]"])
+
+
+def test_model_sizes_are_counted_from_the_config_before_anything_is_built():
+    """A width of 10^12 is refused by the config check (it was a 36 TB allocation's traceback); the
+    count it rests on is exact for every backbone and head (compared with the built networks)."""
+    from augtune.config import ModelConfig
+    from augtune.models.backbones import build_backbone, model_parameters
+    from augtune.models.heads import predictor, projector
+
+    with pytest.raises(ConfigError, match=r"^model.width: 1e\+12 makes a model that needs at least"):
+        check_config(load_config(None, ["model.backbone=cnn", "model.width=1000000000000"]))
+    check_config(load_config(None, ["model.backbone=resnet18", "model.width=1000000000000"]))  # unused
+    for model, modality, shape in [(ModelConfig(backbone="mlp"), "vector", (64,)),
+                                   (ModelConfig(backbone="mlp", num_layers=1, norm="none"), "vector", (5,)),
+                                   (ModelConfig(backbone="cnn"), "image", (1, 8, 8)),
+                                   (ModelConfig(backbone="cnn", norm="none"), "image", (3, 32, 32)),
+                                   (ModelConfig(backbone="resnet18"), "image", (3, 32, 32))]:
+        nets = [build_backbone(model, modality, shape)]
+        nets += [projector(nets[0].out_dim, model), predictor(model)]
+        built = sum(p.numel() for net in nets for p in net.parameters())
+        assert model_parameters(model, modality, shape, predictor=True) == built

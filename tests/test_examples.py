@@ -34,3 +34,16 @@ def test_example_is_valid(path, tmp_path):
 
         plan = plan_search(path, [], storage=str(tmp_path))
         assert plan is not None
+
+
+def test_the_cluster_examples_launch_example_configs():
+    """examples/cluster/ (a KubeRay RayJob, a SLURM script; checked in tests/test_docs.py) launches
+    configs of examples/, which the test above validates."""
+    import re
+
+    cluster = EXAMPLES[0].parent / "cluster"
+    named = set()
+    for path in cluster.iterdir():
+        named |= set(re.findall(r"examples/(\w+\.yaml)", path.read_text(encoding="utf-8")))
+    assert named, f"{cluster} names no example config"
+    assert named <= {p.name for p in EXAMPLES}, sorted(named - {p.name for p in EXAMPLES})

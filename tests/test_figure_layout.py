@@ -111,3 +111,6 @@ def test_every_figure_kind_is_unclipped_and_labelled(tmp_path, saved):
     pinda = [fig for p, fig, _ in saved if p.name.startswith("pinda")][0]
     grid_axes = [ax for ax in pinda.axes if ax.images]
     assert len(pinda.axes) > len(grid_axes)  # colour bars: one per map row (Sigma, mu, noise)
+    bars = [ax for ax in pinda.axes if not ax.images and ax.get_visible() and ax.axison]
+    assert bars and not [(b, a) for b in bars for a in grid_axes  # no bar over an image
+                         if b.get_position().overlaps(a.get_position())]

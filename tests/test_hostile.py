@@ -98,6 +98,42 @@ def _ckpt(d: Path, what) -> None:
         torch.save(what, path)
 
 
+def _ckpt_epoch(d: Path, epoch: int) -> None:
+    """The run's own checkpoint, claiming `epoch` epochs done."""
+    path = d / "run" / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    state["epoch"] = epoch
+    torch.save(state, path)
+
+
+def _edit_record(d: Path, edit: Callable[[dict], None]) -> None:
+    import json
+
+    path = d / "run" / "record.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
+def _nested_record(d: Path) -> None:
+    """The run's record with a value nested 100,000 lists deep (Python's JSON parser recurses)."""
+    path = d / "run" / "record.json"
+    text = path.read_text().rstrip()
+    path.write_text(text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
+def _truncated_state(d: Path) -> None:
+    """A search folder whose Tune state file was cut short (a full disk): as `status` met it."""
+    import json
+
+    search = {"config": {"search": {"metric": "knn_acc", "mode": "max"}}, "base": {}}
+    _search_folder(d, yaml.safe_dump(search))
+    doc = json.dumps({"trial_id": "a_00000", "status": "RUNNING", "relative_logdir": "t0",
+                      "config": {}})
+    text = json.dumps({"trial_data": [[doc, json.dumps({"last_result": {}})]]})
+    (d / "exp" / "experiment_state-2026-01-01_00-00-00.json").write_text(text[:60])
+
+
 def _idx_bomb(d: Path) -> None:
     """Fashion-MNIST's IDX layout whose header claims 10^6 images of 10^4 x 10^4 pixels."""
     root = d / "fm"
@@ -148,7 +184,7 @@ def _image_tree(d: Path, damage: str) -> None:
     """A class-per-folder tree of PNGs with one damage: a corrupt file, an empty class folder, no images."""
     from PIL import Image
 
-    for c in range(3):
+    for c in range(1 if damage == "one class" else 3):
         (d / "imgs" / f"c{c}").mkdir(parents=True)
         if damage != "no images":
             for i in range(4):
@@ -193,6 +229,12 @@ CASES = [
         says="duplicate key 'lr'",
     ),
     Case("anchor bomb", _train(), _bytes("c.yaml", _bomb()), says="expands to more than"),
+    Case(
+        "config nested 100,000 deep",
+        _train(),
+        _bytes("c.yaml", b"train: " + b"[" * 100_000 + b"]" * 100_000 + b"\n"),
+        says="c.yaml: nested too deep to read",
+    ),
     Case("not YAML", _train(), _bytes("c.yaml", b"train: [unclosed\n"), says="not valid YAML"),
     Case("top-level list", _train(), _bytes("c.yaml", b"- 1\n- 2\n"), says="expected a mapping of sections"),
     Case("unknown key", _train(), lambda d: _cfg(d, trian={"lr": 1}), says="trian: unknown key"),
@@ -258,6 +300,62 @@ CASES = [
         says="train.batch_size: 4096 is larger than the training set",
     ),
     # run folders
+    Case(
+        "seed of 71 digits",
+        _train("--set", "train.seed=2" + "0" * 70),
+        lambda d: _cfg(d),
+        says="train.seed: expected a number <= 4294967295, got 2000",
+    ),
+    Case(
+        "seed of 71 digits in the file",
+        _train(),
+        lambda d: _cfg(d, train={"seed": 2 * 10**70}),
+        says="train.seed: expected a number <= 4294967295",
+    ),
+    Case(
+        "negative split seed",
+        _train("--set", "dataset.split_seed=-1"),
+        lambda d: _cfg(d),
+        says="dataset.split_seed: expected a number >= 0, got -1",
+    ),
+    Case(
+        "a number of 5000 digits",
+        _train(),
+        _bytes("c.yaml", b"train:\n  seed: 1" + b"0" * 5000 + b"\n"),
+        says="c.yaml: a number at line 2 has thousands of digits",
+    ),
+    Case(
+        "width 1e12",
+        _train("--set", "model.backbone=cnn", "--set", "dataset.as_vectors=false", "--set",
+               "model.width=1000000000000"),
+        lambda d: _cfg(d),
+        says="model.width: 1e+12 makes a model that needs at least",
+    ),
+    Case(
+        "hidden_dim 1e12",
+        _train("--set", "model.num_layers=2", "--set", "model.hidden_dim=1000000000000"),
+        lambda d: _cfg(d),
+        says="model.hidden_dim: 1e+12 makes a model that needs at least",
+    ),
+    Case(
+        "diffusion steps 1e12",
+        _train("--set", "method.augment=[diffaug]", "--set", "diffaug.steps=1000000000000"),
+        lambda d: _cfg(d),
+        says="diffaug.steps: 1e+12 makes networks that need more than a tensor can index",
+    ),
+    Case(
+        "knn_k beyond the data",
+        _train("--set", "eval.knn_k=100000"),
+        lambda d: _cfg(d),
+        says="eval.knn_k: 100,000 is not below the 128 training samples",
+    ),
+    Case(
+        "knn_k beyond the per-epoch subsample",
+        _train("--set", "eval.knn_k=30", "--set", "eval.epoch_metrics=[knn]", "--set",
+               "eval.monitor_size=20"),
+        lambda d: _cfg(d),
+        says="eval.knn_k: 30 is not below eval.monitor_size (20)",
+    ),
     Case(
         "--out is a file",
         lambda d: ["train", str(d / "c.yaml"), "--out", str(d / "c.yaml")],
@@ -334,6 +432,48 @@ CASES = [
         needs_run=True,
         says="checkpoint",
     ),
+    Case(
+        "resume a checkpoint claiming epoch 99 of 3",
+        _resume("--set", "train.epochs=3"),
+        lambda d: _ckpt_epoch(d, 99),
+        needs_run=True,
+        says="checkpoint.pt: claims epoch 99 of a run of 3 (train.epochs)",
+    ),
+    Case(
+        "resume a checkpoint whose history disagrees",
+        _resume("--set", "train.epochs=3"),
+        lambda d: _ckpt_epoch(d, 2),
+        needs_run=True,
+        says="checkpoint.pt: claims epoch 2 but holds the history of 1",
+    ),
+    Case(
+        "plot a run whose recorded config is invalid",
+        lambda d: ["plot", "umap", str(d / "run"), "--out", str(d / "figs")],
+        lambda d: _edit_record(d, lambda r: r["config"]["train"].update(lr=-1)),
+        needs_run=True,
+        says="record.json: the recorded config is not valid: train.lr: expected a number > 0",
+    ),
+    Case(
+        "plot a run whose recorded base is unknown",
+        lambda d: ["plot", "umap", str(d / "run"), "--out", str(d / "figs")],
+        lambda d: _edit_record(d, lambda r: r["config"]["method"].update(base="nope")),
+        needs_run=True,
+        says="the recorded config is not valid: method.base: unknown base method 'nope'",
+    ),
+    Case(
+        "export a record nested 100,000 deep",
+        lambda d: ["export", str(d / "run")],
+        _nested_record,
+        needs_run=True,
+        says="record.json: nested more than 64 deep",
+    ),
+    Case(
+        "plot a record nested 100,000 deep",
+        lambda d: ["plot", "umap", str(d / "run"), "--out", str(d / "figs")],
+        _nested_record,
+        needs_run=True,
+        says="record.json: nested more than 64 deep",
+    ),
     Case("plot nothing", lambda d: ["plot", "umap", str(d / "none")], says="no such file or folder"),
     Case("plot unknown kind", lambda d: ["plot", "nope", str(d)], says="unknown figure 'nope'"),
     # data
@@ -392,6 +532,42 @@ CASES = [
         says="x.npz: not a readable .npz file",
     ),
     Case(
+        "npz of no samples",
+        _train("--set", "dataset.name=arrays"),
+        lambda d: (_cfg(d, dataset={"path": str(d / "x.npz")}),
+                   np.savez(d / "x.npz", x=np.zeros((0, 3)), y=np.zeros(0, dtype=np.int64))),
+        says="x.npz: x holds no samples (shape (0, 3))",
+    ),
+    Case(
+        "npz of no features",
+        _train("--set", "dataset.name=arrays"),
+        lambda d: (_cfg(d, dataset={"path": str(d / "x.npz")}),
+                   np.savez(d / "x.npz", x=np.zeros((10, 0)), y=np.arange(10) % 2)),
+        says="x.npz: x holds samples of no features",
+    ),
+    Case(
+        "npz of one class",
+        _train("--set", "dataset.name=arrays"),
+        lambda d: (_cfg(d, dataset={"path": str(d / "x.npz")}),
+                   np.savez(d / "x.npz", x=np.random.default_rng(0).normal(size=(100, 5)),
+                            y=np.zeros(100, dtype=np.int64))),
+        says="x.npz: the training data holds one class only ('0', 70 samples)",
+    ),
+    Case(
+        "csv with two label columns",
+        _train_on("arrays", "path", "x.csv"),
+        lambda d: (_cfg(d), (d / "x.csv").write_text(
+            "a,label,label\n" + "".join(f"{i},{i % 2},{i % 3}\n" for i in range(60)))),
+        says="x.csv: 2 columns are named 'label' (columns 2, 3)",
+    ),
+    Case(
+        "csv with label and y",
+        _train_on("arrays", "path", "x.csv"),
+        lambda d: (_cfg(d), (d / "x.csv").write_text(
+            "a,label,y\n" + "".join(f"{i},{i % 2},{i % 3}\n" for i in range(60)))),
+        says="x.csv: both a 'label' (column 2) and a 'y' column (column 3)",
+    ),
+    Case(
         "npz of objects",
         _train("--set", "dataset.name=arrays"),
         lambda d: (
@@ -406,6 +582,12 @@ CASES = [
     ),
     Case(
         "imagefolder without images", _train(), _images("no images"), says="c0: class folder holds no images"
+    ),
+    Case(
+        "imagefolder of one class",
+        _train(),
+        _images("one class"),
+        says="imgs: one class folder only ('c0')",
     ),
     Case(
         "imagefolder without path",
@@ -440,6 +622,12 @@ CASES = [
         says="augtune_search.yaml",
     ),
     Case("status of no search", lambda d: ["status", str(d)], says="not an augtune search folder"),
+    Case(
+        "status of a truncated Tune state",
+        lambda d: ["status", str(d / "exp")],
+        _truncated_state,
+        says="experiment_state-2026-01-01_00-00-00.json: not valid JSON: Unterminated string",
+    ),
 ]
 
 
@@ -479,3 +667,34 @@ def test_hostile_input_is_one_line_and_changes_nothing(case: Case, tmp_path, fin
 
 def test_there_are_at_least_forty_hostile_cases():
     assert len(CASES) >= 40
+
+
+def test_networks_bigger_than_the_memory_left_are_refused_unbuilt(tmp_path, capsys, monkeypatch):
+    """With the data loaded, every network of the method (here DiffAug's denoiser) is counted on
+    PyTorch's meta device and held against the memory left: one line naming the key that makes it
+    too big."""
+    import augtune.data.formats
+
+    monkeypatch.setattr(augtune.data.formats, "available_memory", lambda: 100 << 20)
+    cfg = _cfg(tmp_path, train={"device": "cpu"})
+    before = snapshot(tmp_path)
+    code = main(["train", str(cfg), "--set", "method.augment=[diffaug]", "--set",
+                 "diffaug.gen_hidden=20000", "--out", str(tmp_path / "out")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert "diffaug.gen_hidden: 20,000 makes networks that need at least" in lines[0], lines[0]
+    assert "only 100.0 MiB of memory is available" in lines[0], lines[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_a_run_whose_last_checkpoint_outlived_its_record_completes(finished_run, tmp_path):
+    """The last epoch's checkpoint is written before the record that completes the run: a run killed
+    between the two resumes into a completed record (it used to stay `running`, with exit 0)."""
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    _edit_record(tmp_path, lambda r: r.update(status="running", final={}, finished=None))
+    assert main(["train", "--resume", "--out", str(run)]) == 0
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "completed" and "knn_acc" in record["final"]

@@ -140,6 +140,25 @@ def test_nan_loss_stops_the_run_and_the_record_says_why(tmp_path, digits, monkey
     assert record["status"] == "failed" and "epoch" in record["error"]
 
 
+class NaNAtTheLastStep(Augmentation):
+    """A loss term that becomes NaN at the last step of the first epoch (4 steps of 64 of 256)."""
+
+    name = "nan_at_the_last_step"
+
+    def loss_terms(self, batch, out, method, info):
+        return {"bad": torch.tensor(float("nan") if info.step == 3 else 0.0)}
+
+
+def test_a_nan_loss_in_an_epoch_s_last_step_is_caught_before_the_epoch_ends(digits, monkeypatch):
+    """The loop checks a step's loss one step late (no device sync per forward); the last step's is
+    checked before the epoch reports anything."""
+    monkeypatch.setitem(AUGMENTATIONS, "nan_at_the_last_step", NaNAtTheLastStep)
+    trainer = Trainer(digits_cfg(method={"augment": ["nan_at_the_last_step"]}), digits)
+    with pytest.raises(NonFiniteLoss, match=r"at epoch 1, step 4 \(global step 4\)"):
+        trainer.fit()
+    assert trainer.history == [] and trainer.epoch == 0
+
+
 def test_record_holds_provenance_and_per_epoch_metrics(tmp_path, digits):
     cfg = digits_cfg(eval={"references": True, "metrics": ["knn", "kmeans"]})
     lines: list[str] = []

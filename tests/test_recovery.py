@@ -1,5 +1,5 @@
 """What a killed driver leaves behind, made whole before Tune restores (`augtune.search.recovery`), and
-search algorithms that agree with the trials Tune restores (`searchers`, `optuna_search`).
+search algorithms that agree with the trials Tune restores (`tune_internals`).
 
 Tune saves its trials and its search algorithm's state in separate files and copies them to storage one
 by one; a driver killed in between leaves them a snapshot apart, and storage's copies cut short. These
@@ -18,10 +18,9 @@ from ray import tune
 from ray.tune.experiment import Experiment, Trial
 
 from augtune.config import ConfigError
-from augtune.search.optuna_search import MetricResultsOptunaSearch
-from augtune.search.recovery import (finish_interrupted_copy, prepare_restore, refill_lost_checkpoints,
-                                     restored_trials)
-from augtune.search.searchers import ReconcilingSearchGenerator, ReplayingVariantGenerator, restorable
+from augtune.search.recovery import finish_interrupted_copy, prepare_restore, refill_lost_checkpoints
+from augtune.search.tune_internals import (MetricResultsOptunaSearch, ReconcilingSearchGenerator,
+                                           ReplayingVariantGenerator, restorable, restored_trials)
 from conftest import save_tune_trials
 
 
@@ -389,3 +388,32 @@ def test_list_valued_choices_of_a_registered_space_survive_the_journal(tmp_path)
     assert all(isinstance(t.params["cocor.lengths"], list) for t in study.trials)
     assert study.trials[0].params["cocor.lengths"] == [1, 2, 3]
     assert [t.value for t in study.trials] == [0.5, 0.6, 0.7, 0.8]
+
+
+def test_a_running_record_of_a_trial_tune_never_saved_is_marked_failed(tmp_path):
+    """Killed in the repeat phase after a repeat run started but before Tune saved its state: the resume
+    runs it again as a new trial, and the old record must not stay `running` (tables would say the
+    experiment is unfinished, and count the run twice). A record of a trial Tune holds is left alone."""
+    from ray.train._internal.storage import StorageContext
+
+    from augtune.records import write_record
+    from augtune.search.recovery import settle_lost_records
+
+    exp = tmp_path / "exp"
+    repeats = exp / "repeat_best"
+    held = _tune_trial("aaaa0000", {"train.lr": 0.1})
+    held.set_storage(StorageContext(storage_path=str(tmp_path), experiment_dir_name="exp",
+                                    trial_dir_name="tune_trial_aaaa0000"))
+    save_tune_trials(exp, [held])
+    for folder, status in ((exp / "tune_trial_aaaa0000", "running"),
+                           (repeats / "tune_trial_bbbb0000", "running"),
+                           (repeats / "tune_trial_cccc0000", "completed")):
+        folder.mkdir(parents=True)
+        write_record(folder, {"format": "augtune.record/1", "status": status, "epochs": []})
+    marked = settle_lost_records(str(exp), [str(exp), str(repeats)])
+    assert marked == [str(repeats / "tune_trial_bbbb0000" / "record.json")]
+    status = {p.parent.name: json.loads(p.read_text())["status"] for p in exp.glob("**/record.json")}
+    assert status == {"tune_trial_aaaa0000": "running", "tune_trial_bbbb0000": "failed",
+                      "tune_trial_cccc0000": "completed"}
+    lost = json.loads((repeats / "tune_trial_bbbb0000" / "record.json").read_text())
+    assert "driver was killed" in lost["error"]

@@ -1,5 +1,6 @@
-"""The compare report: one self-contained HTML file, checked as a file and in a real headless browser
-(Debian's chromium; the browser test skips with the reason where it is not installed, CI installs it)."""
+"""The compare report: one self-contained HTML file, checked as a file and in a real headless
+browser (Debian's chromium; the browser test skips with the reason where it is not installed, CI
+installs it)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from augtune.analysis.compare import answer
 
 
 def fake_compare(root: Path) -> Path:
-    """A compare experiment's folder as augtune writes it: settings, search trials, repeat runs, a figure."""
+    """A compare experiment's folder as augtune writes it: settings, search trials, repeat runs, a
+    figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +37,8 @@ def fake_compare(root: Path) -> Path:
     for entrant, level in (("simclr", 0.90), ("simclr+pinda", 0.93)):
         for i in range(4):  # search trials
             lr = float(10 ** rng.uniform(-4, -2))
-            rec = {"status": "completed", "method": entrant, "entrant": entrant, "seed": 0, "phase": "search",
+            rec = {"format": "augtune.record/1", "status": "completed", "method": entrant, "entrant": entrant,
+                   "seed": 0, "phase": "search",
                    "started": f"2026-01-01T00:0{i}", "params": {"train.lr": lr},
                    "epochs": [{"epoch": e, "loss": 5 - e, "knn_acc": level - 0.1 / e, "epoch_time_s": 1.0}
                               for e in (1, 2, 3)], "final": {"knn_acc": level}}
@@ -51,7 +54,7 @@ def fake_compare(root: Path) -> Path:
             plt.close(fig)
             value = level + 0.005 * rng.normal()
             rec = {
-                "status": "completed",
+                "format": "augtune.record/1", "status": "completed",
                 "method": entrant,
                 "entrant": entrant,
                 "seed": seed,
@@ -68,13 +71,70 @@ def fake_compare(root: Path) -> Path:
     return exp
 
 
+def fake_race(root: Path) -> Path:
+    """A compare whose repeat was a race: settings with `compare.race`, every entrant's two
+    finalists, the records of the runs the race gave them (as the search layer leaves them)."""
+    from augtune.analysis import race
+
+    exp = root / "race"
+    exp.mkdir()
+    compare = {"metrics": ["knn_acc", "kmeans_nmi"], "alpha": 0.05,
+               "race": {"min_seeds": 3, "max_seeds": 10, "finalists": 2}}
+    (exp / "augtune_compare.yaml").write_text(yaml.safe_dump(
+        {"config": {"compare": compare, "train": {"seed": 0}},
+         "entrants": ["simclr", "simclr+pinda", "simclr+cocor", "simclr+nrcc"]}))
+    means = {"simclr": 0.93, "simclr+pinda": 0.95, "simclr+cocor": 0.94, "simclr+nrcc": 0.85}
+    settings = race.race_settings(compare, 0)
+    rng = np.random.default_rng(1)
+    shared = 0.005 * rng.standard_normal(10)
+    values = {f"{e}#{r}": mu - 0.004 * (r - 1) + shared + 0.008 * rng.standard_normal(10)
+              for e, mu in means.items() for r in (1, 2)}
+    state = race.start(settings, [(c, c.split("#")[0], {"train.lr": 0.01 * int(c[-1])})
+                                  for c in values])
+    while not state.stopped:
+        got: dict = {}
+        for cid, seed in race.due(state):
+            got.setdefault(cid, {})[seed] = float(values[cid][seed - 1])
+        state = race.advance(state, got)
+    for cid, by_seed in state.results.items():
+        entrant = cid.split("#")[0]
+        for seed, value in by_seed.items():
+            folder = exp / "repeat" / f"{cid.replace('#', '_')}_{seed}"
+            folder.mkdir(parents=True)
+            noise = 0.01 * rng.standard_normal(3)
+            rec = {"format": "augtune.record/1", "status": "completed", "method": entrant, "entrant": entrant,
+                   "candidate": cid,
+                   "seed": seed, "phase": "repeat", "params": {"train.lr": 0.01 * int(cid[-1])},
+                   "epochs": [{"epoch": e, "loss": 5 - e, "knn_acc": value - 0.1 / e,
+                               "epoch_time_s": 1.0} for e in (1, 2, 3)],
+                   "final": {"knn_acc": value, "kmeans_nmi": value - 0.3 + noise[0]},
+                   "references": {"raw": {"knn_acc": 0.90, "kmeans_nmi": 0.5},
+                                  "random-init": {"knn_acc": 0.80 + noise[1],
+                                                  "kmeans_nmi": 0.55 + noise[2]}}}
+            (folder / "record.json").write_text(json.dumps(rec))
+    return exp
+
+
+def test_the_report_of_a_race_shows_every_seed_and_the_rounds(tmp_path):
+    exp = fake_race(tmp_path)
+    result = answer(exp)
+    assert result.race is not None and result.race.stopped is not None
+    page = result.report.read_text()
+    assert "<h2>Every seed</h2>" in page and "<h2>The race</h2>" in page
+    assert "round 1 (n = 3)" in page and "stopped: " in page
+    assert "simclr+cocor reads labels while training" in page  # semi-supervised, said so
+    assert "was decided by a race" in page
+    md = result.verdict.render("md")
+    assert "| *random-init* | 79." in md and "(10) |" in md  # the reference's ± and n
+
+
 def test_the_report_is_one_self_contained_file_with_the_table_and_figures(tmp_path):
     exp = fake_compare(tmp_path)
     result = answer(exp)
     page = result.report.read_text()
     assert result.report == exp / "report.html"
     assert "<table>" in page and "simclr+pinda" in page and "nothing beats the raw input (97.00)" in page
-    assert page.count("<img") >= 4  # cost, curves, history, and the methods' own figures
+    assert page.count("<img") >= 5  # seeds, cost, curves, history, and the methods' own figures
     srcs = [chunk.split('"')[0] for chunk in page.split('src="')[1:]]
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)  # nothing outside the file
     assert "http" not in page.replace("https://", "") or "http://" not in page

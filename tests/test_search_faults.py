@@ -44,6 +44,14 @@ def augtune(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=env())
 
 
+def start_search(config: Path, storage: Path, log: Path) -> subprocess.Popen:
+    """`augtune search CONFIG` as experiment `exp` in `storage`, in the background, its output in `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
+                                 str(storage), "--name", "exp"], cwd=ROOT, env=env(), stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
 def reported_epochs(trial_dir: Path) -> list[int]:
     """Epochs in Tune's result.json; Tune may be appending a line right now, so a torn last line
     (read mid-write) is left for the next look."""
@@ -119,10 +127,7 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
                                   "algorithm": "grid", "num_samples": 1, "max_concurrent": 2})
     exp = tmp_path / "s" / "exp"
     log = tmp_path / "driver.log"
-    with log.open("wb") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
-                                   str(tmp_path / "s"), "--name", "exp"], cwd=ROOT, env=env(),
-                                  stdout=out, stderr=subprocess.STDOUT)
+    driver = start_search(config, tmp_path / "s", log)
     try:
         # Kill once a trial has finished (and Tune has saved its state since) while another is
         # part-way through: checkpointed, not done. What each look saw goes into a failure's message.
@@ -249,3 +254,87 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
         assert retried  # the trial on the removed node was retried elsewhere
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.parametrize("moment", ["first repeat run starts", "a repeat run is part-way"])
+def test_a_driver_killed_in_the_repeat_phase_resumes_with_no_orphan(tmp_path, moment):
+    """SIGKILL while the best is repeated: after `augtune resume` every seed has one completed repeat
+    run, and no record is left `running` (a run Tune never saved is marked failed and made again)."""
+    epochs = 40
+    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
+                          train={"epochs": epochs, "checkpoint_every": 1},
+                          search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid",
+                                  "num_samples": 1, "max_concurrent": 2, "scheduler": "none",
+                                  "repeat_best": {"top": 1, "seeds": [1, 2]}})
+    exp = tmp_path / "s" / "exp"
+    repeats = exp / "repeat_best"
+    log = tmp_path / "driver.log"
+    driver = start_search(config, tmp_path / "s", log)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and driver.poll() is None:
+            runs = [record_of(d) for d in repeats.iterdir() if d.is_dir()] if repeats.exists() else []
+            runs = [r for r in runs if r]
+            if moment.startswith("first") and runs:
+                break
+            if moment.startswith("a repeat") and any(2 <= len(r["epochs"]) < epochs - 2 for r in runs):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"never saw the moment ({driver.poll()}): {log.read_text()[-3000:]}")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(driver.pid, signal.SIGKILL)
+
+    res = augtune("resume", str(exp))
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [record_of(d) for d in repeats.iterdir() if d.is_dir()]
+    assert [r["status"] for r in records if r["status"] not in ("completed", "failed")] == []
+    assert sorted(r["seed"] for r in records if r["status"] == "completed") == [1, 2]
+    assert all("driver was killed" in r["error"] for r in records if r["status"] == "failed")
+    assert "unfinished" not in res.stdout
+
+
+def test_a_trial_process_killed_as_the_oom_killer_would_is_retried_from_its_checkpoint(tmp_path):
+    """SIGKILL to a running trial's process (what the kernel's OOM killer sends): Tune retries the trial
+    from its last checkpoint (`search.max_failures`), it completes with every epoch once, and the
+    search goes on to its end."""
+    import psutil
+
+    epochs = 40
+    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
+                          train={"epochs": epochs, "checkpoint_every": 1},
+                          search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid",
+                                  "num_samples": 1, "max_concurrent": 1, "scheduler": "none",
+                                  "max_failures": 2})
+    exp = tmp_path / "s" / "exp"
+    log = tmp_path / "driver.log"
+    driver = start_search(config, tmp_path / "s", log)
+    try:
+        deadline, victim = time.time() + 600, None
+        while time.time() < deadline and driver.poll() is None and victim is None:
+            partway = [d for d in (trial_dirs(exp) if exp.exists() else [])
+                       if 3 <= record_epochs(d) < epochs - 5]
+            if partway:
+                trials = [p for p in psutil.Process(driver.pid).children(recursive=True)
+                          if "ImplicitFunc" in " ".join(p.cmdline()) or "ImplicitFunc" in p.name()]
+                victim = trials[0] if trials else None
+            time.sleep(0.2)
+        assert victim is not None, f"no trial process seen part-way: {log.read_text()[-3000:]}"
+        victim.kill()
+        assert driver.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    for d in trial_dirs(exp):
+        record = record_of(d)
+        assert record["status"] == "completed", (d.name, record.get("error"))
+        assert [e["epoch"] for e in record["epochs"]] == list(range(1, epochs + 1))
+    retried = [d for d in trial_dirs(exp) if len(record_of(d)["nodes"]) > 1]
+    assert retried  # the killed trial started again ...
+    for d in retried:  # ... from its checkpoint: its first epochs were reported once
+        assert reported_epochs(d).count(1) == 1

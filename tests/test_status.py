@@ -18,11 +18,27 @@ def trial(trial_id: str, status: str, params: dict, epochs: list[dict], record_s
             "error": error}
 
 
-def write_experiment(exp: Path, trials: list[dict], metric: str = "knn_acc", mode: str = "max") -> Path:
+def hold_lock(exp: Path, pid: int | None = None) -> None:
+    """The lock a driver holds while it runs the experiment (`augtune.search.experiment.Lock`): this
+    process's by default, so that the experiment reads as running."""
+    import os
+    import socket
+    import time
+
+    from augtune.search.experiment import LOCK_FILE
+
+    (exp / LOCK_FILE).write_text(json.dumps({"pid": os.getpid() if pid is None else pid,
+                                             "host": socket.gethostname(), "started": time.time()}))
+
+
+def write_experiment(exp: Path, trials: list[dict], metric: str = "knn_acc", mode: str = "max",
+                     running: bool = True) -> Path:
     """An experiment folder as Tune and augtune leave it: the search file, Tune's state JSON (each trial a
     JSON document and a runtime JSON, both as strings, with Tune's `metric_analysis`), per trial its
-    progress.csv and augtune's record."""
+    progress.csv and augtune's record; `running`: a driver (this process) holds its lock."""
     exp.mkdir(parents=True)
+    if running:
+        hold_lock(exp)
     search = {"metric": metric, "mode": mode, "repeat_best": {"top": 0, "seeds": [1], "per": None}}
     (exp / SEARCH_FILE).write_text(yaml.safe_dump({"config": {"search": search}, "base": {}, "name": exp.name,
                                                    "storage": str(exp.parent)}))
@@ -182,3 +198,53 @@ def test_status_loads_neither_torch_nor_ray(tmp_path):
             "sys.exit(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')) != [])")
     res = subprocess.run([sys.executable, "-c", code, str(exp)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_trials_left_running_by_a_driver_that_is_gone_show_as_interrupted(tmp_path, capsys):
+    """After Ctrl-C, Tune's state still says RUNNING: with no driver holding the experiment's lock
+    (none, or one left by a dead process) those trials are INTERRUPTED, with the command that
+    continues them; a live driver's (this process's) or another host's keep Tune's RUNNING."""
+    import socket
+
+    from augtune.search.experiment import LOCK_FILE
+
+    exp = write_experiment(tmp_path / "exp", TRIALS, running=False)
+    for lock in (None, _dead_pid()):
+        if lock is not None:
+            hold_lock(exp, pid=lock)
+        assert main(["status", str(exp)]) == 0
+        out = capsys.readouterr().out
+        assert f"search {exp}: 1 error, 1 interrupted, 3 terminated" in out
+        assert rows(out)["a_00004"][1] == "INTERRUPTED"
+        assert out.rstrip().endswith(f"continue them with: augtune resume {exp}")
+    hold_lock(exp)  # this process: a driver that is alive
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert rows(out)["a_00004"][1] == "RUNNING" and "INTERRUPTED" not in out
+    (exp / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": socket.gethostname() + "-other"}))
+    assert main(["status", str(exp)]) == 0  # another machine's driver: only it knows
+    assert rows(capsys.readouterr().out)["a_00004"][1] == "RUNNING"
+
+
+def test_a_state_file_cut_short_is_one_line_naming_it(tmp_path, capsys):
+    """A full disk left Tune's state file cut short: one line naming the file and what is wrong,
+    exit 2 (it said "Unterminated string starting at: line 1 column 2897" and named no file)."""
+    exp = write_experiment(tmp_path / "exp", TRIALS)
+    state = next(exp.glob("experiment_state-*.json"))
+    state.write_text(state.read_text()[:300])
+    assert main(["status", str(exp)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"{state}: not valid JSON: Unterminated string" in err[0], err
+    assert "cut short" in err[0]
+    state.write_text(json.dumps({"trial_data": [["{not json", "{}"]]}))
+    assert main(["status", str(exp)]) == 2
+    assert f"{state}: trial 1 of trial_data cannot be read" in capsys.readouterr().err

@@ -1,6 +1,10 @@
-"""The compare verdict: its statistics against scipy, Holm's correction, and the marking rules on
-hand-made records (a clear winner, rows within noise, n = 1, an entrant that did not train)."""
+"""The compare verdict: its statistics against scipy, Holm's correction, the detectable difference
+against the noncentral t, and the marking and wording rules on hand-made records (a clear winner,
+rows within noise, n = 1, an entrant that did not train, entrants no better than untrained, a
+semi-supervised entrant, a race's decisions)."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -62,16 +66,26 @@ def test_a_clear_winner_is_the_only_bold_row():
     bold = {r.entrant for r in v.rows if r.cells["knn_acc"].bold}
     assert bold == {"win"}
     assert "win is best" in v.sentences()[0] and "significantly worse" in v.sentences()[0]
-    assert "it beats the raw input" in v.sentences()[0]
+    assert "win beats the raw input (95.00" in v.sentences()[0]
+    assert "training beats the untrained encoder for every entrant" in v.sentences()[0]
+    assert v.winner("knn_acc").entrant == "win"
+    assert "could not be detected" not in v.sentences()[0]  # separated: nothing left undetected
 
 
-def test_rows_within_noise_are_all_bold_and_said_to_be_indistinguishable():
+def test_rows_within_noise_are_not_bold_and_no_entrant_is_called_best():
+    # (was: every row within noise of the best was bold, and the best was "best": a headline
+    # the test does not support)
     v = verdict(
         runs({"a": [0.90, 0.94, 0.92], "b": [0.91, 0.93, 0.90], "c": [0.92, 0.90, 0.93]}), ("knn_acc",)
     )
-    assert all(r.cells["knn_acc"].bold for r in v.rows)
-    assert "not distinguishable" in v.sentences()[0]
-    assert "nothing beats the raw input (95.00)" in v.sentences()[0]
+    assert not any(r.cells["knn_acc"].bold for r in v.rows) and v.winner("knn_acc") is None
+    text = v.sentences()[0]
+    assert text.startswith(
+        "knn_acc: no entrant is separated (highest mean: a, 92.00 ± 2.00, n = 3)")
+    assert "b, c are not distinguishable from it" in text and " is best" not in text
+    assert "nothing beats the raw input (95.00)" in text
+    assert "could not be detected with n = 3." in text
+    assert "**" not in v.render("md")
 
 
 def test_n_equal_one_carries_no_test_says_so_and_is_not_bold():
@@ -83,10 +97,11 @@ def test_n_equal_one_carries_no_test_says_so_and_is_not_bold():
     assert "| single | 91.00 ± 0.00 (1) |" in md and "untested (n = 1)" in md
     assert "a row with n = 1 is untested and not bold" in v.caption()
     assert "single cannot be tested (n = 1)" in v.sentences()[0]
-    # a best row with n = 1: every other row is untested; only the best is bold
+    # a leader with n = 1: every other row is untested, and nothing is bold (was: the leader was)
     v = verdict(runs({"top": [0.95], "b": [0.90, 0.91, 0.92]}), ("knn_acc",))
     cells = {r.entrant: r.cells["knn_acc"] for r in v.rows}
-    assert cells["top"].bold and not cells["b"].bold and cells["b"].note == "untested (n = 1)"
+    assert not cells["top"].bold and not cells["b"].bold and cells["b"].note == "untested (n = 1)"
+    assert "with n = 1 nothing can be tested" in v.sentences()[0]
 
 
 def test_flagged_entrants_are_left_out_of_holms_family():
@@ -116,7 +131,247 @@ def test_an_entrant_that_did_not_train_is_flagged_not_the_winner():
 def test_renders_markdown_csv_and_latex_with_its_packages():
     v = verdict(runs({"a": [0.90, 0.91, 0.92], "a+x": [0.80, 0.81, 0.82]}), ("knn_acc",))
     assert "| **91.00 ± 1.00 (3)** |" in v.render("md")
-    assert v.render("csv").splitlines()[0].startswith("entrant,knn_acc")
+    import io
+
+    import pandas as pd
+
+    numbers = pd.read_csv(io.StringIO(v.render("csv")))  # numbers, not the cells' text
+    a = numbers[(numbers["entrant"] == "a") & (numbers["metric"] == "knn_acc")].iloc[0]
+    assert (a["mean"], a["std"], a["n"], a["best"]) == (pytest.approx(0.91), pytest.approx(0.01), 3, True)
+    assert set(numbers["kind"]) >= {"entrant"}
     tex = v.render("latex")
     assert tex.startswith("% needs \\usepackage{booktabs}") and "\\textbf{91.00 $\\pm$ 1.00 (3)}" in tex
     assert {r.entrant: r.relative_cost for r in v.rows}["a+x"] == pytest.approx(1.0)
+
+
+# -- the detectable difference --------------------------------------------------------------------
+
+def test_the_detectable_difference_has_power_0_8_by_the_noncentral_t_over_many_cases():
+    from augtune.analysis.stats import detectable_difference
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        sd, n = float(rng.uniform(0.001, 5.0)), int(rng.integers(2, 40))
+        level = float(rng.choice([0.001, 0.005, 0.0121, 0.025, 0.05, 0.1]))
+        sides = int(rng.choice([1, 2]))
+        d = detectable_difference(sd, n, level, sides=sides)
+        # the power of the paired t-test, computed here from its definition: the chance that the
+        # statistic, noncentral t with df = n - 1 and nc = d sqrt(n) / sd, falls beyond the
+        # critical value
+        df, nc = n - 1, d * np.sqrt(n) / sd
+        c = stats.t.ppf(1 - level / sides, df)
+        # (the tail against the difference is below the central t's level / 2; scipy's nct.cdf
+        # gives NaN
+        # for some of its tiny values, which count as 0)
+        wrong = np.nan_to_num(stats.nct.cdf(-c, df, nc)) if sides == 2 else 0.0
+        power = stats.nct.sf(c, df, nc) + wrong
+        assert power == pytest.approx(0.8, abs=1e-6), (sd, n, level, sides)
+        twice = detectable_difference(2 * sd, n, level, sides=sides)
+        assert twice == pytest.approx(2 * d, rel=1e-6)
+        assert detectable_difference(sd, n + 1, level, sides=sides) < d
+        if n >= 20:  # the textbook approximation (t_{1-level/2} + t_{0.8}) sd / sqrt(n)
+            approx = (stats.t.ppf(1 - level / sides, df) + stats.t.ppf(0.8, df)) * sd / np.sqrt(n)
+            assert d == pytest.approx(approx, rel=0.03)
+    assert detectable_difference(1.0, 1, 0.05) == np.inf
+    assert detectable_difference(0.0, 5, 0.05) == 0
+
+
+def test_the_detectable_difference_is_detected_80_percent_of_the_time_in_simulation():
+    from augtune.analysis.stats import detectable_difference
+
+    rng = np.random.default_rng(1)
+    for n, level in ((3, 0.05), (5, 0.0121), (10, 0.025)):
+        d = detectable_difference(0.01, n, level)
+        diffs = d + 0.01 * rng.standard_normal((20000, n))
+        rate = (stats.ttest_1samp(diffs, 0, axis=1).pvalue < level).mean()
+        assert rate == pytest.approx(0.8, abs=0.02), (n, level, rate)
+
+
+def test_the_sentence_states_the_difference_the_run_could_not_detect():
+    from augtune.analysis.stats import detectable_difference, pooled_sd
+
+    a, b, c = [0.90, 0.94, 0.92, 0.91], [0.91, 0.93, 0.90, 0.92], [0.92, 0.90, 0.93, 0.90]
+    v = verdict(runs({"a": a, "b": b, "c": c}), ("knn_acc",))
+    sd = pooled_sd([np.subtract(a, b), np.subtract(a, c)])
+    d = detectable_difference(sd, 4, 0.05 / 2)  # Holm's strictest step over the two tested rows
+    assert v.decisions["knn_acc"].detectable == pytest.approx(d)
+    said = f"Differences under {100 * d:.2g} points could not be detected with n = 4."
+    assert said in v.sentences()[0]
+
+
+# -- the untrained encoder and the raw input ------------------------------------------------------
+
+def with_references(recs: list[dict], raw: float, untrained: dict[int, float]) -> list[dict]:
+    for r in recs:
+        r["references"] = {"raw": {"knn_acc": raw},
+                           "random-init": {"knn_acc": untrained[r["seed"]]}}
+    return recs
+
+
+def test_every_entrant_above_raw_but_not_above_random_init_is_said_so():
+    recs = with_references(runs({"a": [0.90, 0.94, 0.92], "b": [0.91, 0.93, 0.90]}), raw=0.80,
+                           untrained={1: 0.93, 2: 0.94, 3: 0.92})
+    v = verdict(recs, ("knn_acc",))
+    text = v.sentences()[0]
+    assert "every entrant beats the raw input but none beats the untrained encoder " \
+           "(random-init 93.00 ± 1.00, n = 3)" in text
+    assert v.decisions["knn_acc"].beats_raw == {"a": True, "b": True}
+    assert v.decisions["knn_acc"].beats_untrained == {"a": False, "b": False}
+    assert all("no better than untrained (knn_acc)" in row[-1] for row in v.table()[1:3])
+    assert "| *random-init* | 93.00 ± 1.00 (3) |" in v.render("md")  # references show ± and n
+    assert "| *raw* | 80.00 ± 0.00 (3) |" in v.render("md")
+
+
+def test_a_separated_leader_no_better_than_untrained_is_never_named_best():
+    recs = with_references(runs({"top": [0.95, 0.96, 0.955], "low": [0.80, 0.81, 0.805]}), raw=0.5,
+                           untrained={1: 0.97, 2: 0.95, 3: 0.96})
+    v = verdict(recs, ("knn_acc",))
+    d = v.decisions["knn_acc"]
+    assert d.separated and d.winner is None and v.winner("knn_acc") is None
+    assert not any(r.cells["knn_acc"].bold for r in v.rows)
+    assert v.sentences()[0].startswith(
+        "knn_acc: no entrant is best: top is separated from the others")
+    assert "but no better than untrained" in v.sentences()[0]
+
+
+def test_the_untrained_test_is_scipys_one_sided_paired_test_by_seed_holm_across_entrants():
+    a, b = [0.90, 0.93, 0.91, 0.95], [0.89, 0.92, 0.93, 0.90]
+    untrained = {1: 0.88, 2: 0.90, 3: 0.89, 4: 0.91}
+    recs = with_references(runs({"a": a, "b": b}), raw=0.9, untrained=untrained)
+    v = verdict(recs, ("knn_acc",))
+    u = list(untrained.values())
+    p = [stats.ttest_rel(x, u, alternative="greater").pvalue for x in (a, b)]
+    raw_p = [stats.ttest_1samp(x, 0.9, alternative="greater").pvalue for x in (a, b)]
+    cells = {r.entrant: r.cells["knn_acc"] for r in v.rows}
+    assert [cells["a"].untrained_p, cells["b"].untrained_p] == pytest.approx(holm(p))
+    assert [cells["a"].raw_p, cells["b"].raw_p] == pytest.approx(holm(raw_p))
+
+
+def test_some_entrants_beat_the_untrained_encoder_and_the_others_are_marked():
+    recs = with_references(runs({"good": [0.95, 0.96, 0.955], "meh": [0.80, 0.82, 0.79]}), raw=0.9,
+                           untrained={1: 0.80, 2: 0.81, 3: 0.80})
+    v = verdict(recs, ("knn_acc",))
+    text = v.sentences()[0]
+    assert "good is best" in text and "good beats the untrained encoder" in text
+    assert "meh is no better than untrained" in text and "good beats the raw input (90.00" in text
+    assert {r.entrant: r.cells["knn_acc"].bold for r in v.rows} == {"good": True, "meh": False}
+
+
+# -- semi-supervised ------------------------------------------------------------------------------
+
+def test_an_entrant_that_reads_labels_is_marked_semi_supervised():
+    recs = runs({"simclr": [0.90, 0.91, 0.92]}) + runs({"simclr+cocor": [0.95, 0.96, 0.955]})
+    v = verdict(recs, ("knn_acc",))
+    assert {r.entrant: r.semi != "" for r in v.rows} == {"simclr": False, "simclr+cocor": True}
+    assert "simclr+cocor (semi-supervised) is best" in v.sentences()[0]
+    assert "simclr+cocor reads labels while training (CoCor's MMNN, 1% of train labelled): " \
+           "semi-supervised" in v.sentences()[0]
+    assert "semi-supervised" in {r[0]: r[-1] for r in v.table()}["simclr+cocor"]
+    for r in recs:  # its config says the MMNN is off: it reads no labels
+        r["config"] = {"method": {"augment": ["cocor"] if "cocor" in r["entrant"] else []},
+                       "cocor": {"mmnn": False, "label_fraction": 0.01}}
+    assert not any(r.semi for r in verdict(recs, ("knn_acc",)).rows)
+
+
+# -- with a margin --------------------------------------------------------------------------------
+
+def test_a_margin_says_which_entrants_are_shown_equivalent():
+    a, b = [0.900, 0.920, 0.910, 0.905], [0.899, 0.919, 0.911, 0.903]
+    v = verdict(runs({"a": a, "b": b}), ("knn_acc",), margin=0.01)
+    assert v.decisions["knn_acc"].equivalent == ["b"]
+    assert stats.ttest_1samp(np.subtract(a, b), 0.01, alternative="less").pvalue < 0.05
+    assert "a, b are equivalent within ±1 points (TOST)" in v.sentences()[0]
+    tight = verdict(runs({"a": a, "b": b}), ("knn_acc",), margin=0.0001)
+    assert not tight.decisions["knn_acc"].equivalent
+
+
+# -- with a race ----------------------------------------------------------------------------------
+
+def race_records(means: dict[str, float], sd: float, seed: int, margin=None,
+                 untrained: float = 0.5):
+    """A race of candidates with these means run to its end, and the records it leaves."""
+    from augtune.analysis import race
+
+    rng = np.random.default_rng(seed)
+    s = race.RaceSettings("knn_acc", tuple(range(1, 11)), 3, margin=margin)
+    values = {c: mu + sd * rng.standard_normal(10) for c, mu in means.items()}
+    state = race.start(s, [(c, c.split("#")[0], {"train.lr": 0.1}) for c in means])
+    while not state.stopped:
+        got: dict = {}
+        for cid, k in race.due(state):
+            got.setdefault(cid, {})[k] = float(values[cid][k - 1])
+        state = race.advance(state, got)
+    recs = [{"status": "completed", "method": c.split("#")[0], "entrant": c.split("#")[0],
+             "candidate": c, "seed": k, "final": {"knn_acc": v}, "params": {"train.lr": 0.1},
+             "epochs": [{"epoch": 1, "epoch_time_s": 1.0}],
+             "references": {"raw": {"knn_acc": 0.95},
+                            "random-init": {"knn_acc": untrained + 0.001 * k}}}
+            for c, got in state.results.items() for k, v in got.items()]
+    return state, recs
+
+
+def test_a_race_winner_is_named_with_the_rounds_of_the_others():
+    from augtune.analysis import race
+
+    state, recs = race_records({"a#1": 0.97, "a#2": 0.965, "b#1": 0.90, "c#1": 0.80}, 0.004, 0)
+    assert race.replay(state.settings, recs).to_dict() == state.to_dict()
+    v = verdict(recs, ("knn_acc",), race=state)
+    text = v.sentences()[0]
+    assert v.winner("knn_acc").entrant == "a" and text.startswith("knn_acc: a is best (")
+    assert "the race separated it from every other entrant" in text
+    assert re.search(r"; b \(round \d\), c \(round \d\) were eliminated as significantly worse;",
+                     text)
+    rows = {r.entrant: r for r in v.rows}
+    assert rows["b"].race_note.startswith("eliminated in round") and rows["a"].race_note == ""
+    assert rows["a"].candidate in ("a#1", "a#2") and rows["a"].cells["knn_acc"].bold
+    assert "was decided by a race" in v.caption()
+
+
+def test_a_race_of_equals_says_no_entrant_is_separated_and_what_it_could_not_detect():
+    from augtune.analysis.stats import detectable_difference, pooled_sd
+
+    state, recs = race_records({"a#1": 0.9, "b#1": 0.9, "c#1": 0.9}, 0.01, 3)
+    assert state.stopped == "max_seeds"
+    v = verdict(recs, ("knn_acc",), race=state)
+    d = v.decisions["knn_acc"]
+    text = v.sentences()[0]
+    assert text.startswith("knn_acc: no entrant is separated (highest mean: ")
+    assert "not distinguishable from it (Holm p >= 0.012)" in text
+    assert "the race stopped after 8 rounds, at max_seeds (n = 10)" in text
+    lead = v.row(d.leader).cells["knn_acc"]
+    diffs = [np.subtract(list(lead.seeds.values()), list(v.row(e).cells["knn_acc"].seeds.values()))
+             for e in d.contenders]
+    expected = detectable_difference(pooled_sd(diffs), 10, state.settings.level / 2)
+    assert d.detectable == pytest.approx(expected)
+    assert f"Differences under {100 * expected:.2g} points could not be detected with n = 10." \
+        in text
+
+
+def test_a_race_that_shows_equivalence_says_so():
+    state, recs = race_records({"a#1": 0.9, "b#1": 0.9}, 0.003, 4, margin=0.03)
+    assert state.stopped == "equivalent"
+    v = verdict(recs, ("knn_acc",), race=state)
+    assert "are equivalent within ±3 points (TOST)" in v.sentences()[0]
+    assert v.winner("knn_acc") is None
+
+
+def test_an_unfinished_race_says_so():
+    from augtune.analysis import race
+
+    state, recs = race_records({"a#1": 0.9, "b#1": 0.9}, 0.01, 5)
+    first = [r for r in recs if r["seed"] <= 4]  # the records after round 2
+    mid = race.replay(state.settings, first)
+    assert mid.stopped is None and mid.n == 4
+    text = verdict(first, ("knn_acc",), race=mid).sentences()[0]
+    assert "and is unfinished (n = 4 of at most 10)" in text
+
+
+def test_an_unequal_budget_is_said():
+    """A search trial that failed leaves its entrant fewer trials: the verdict says so, naming it."""
+    from augtune.analysis.verdict import budget_note
+
+    search = [{"entrant": "a", "status": "completed"}, {"entrant": "a", "status": "stopped"},
+              {"entrant": "b", "status": "completed"}, {"entrant": "b", "status": "failed"}]
+    note = budget_note(search)
+    assert note.startswith("Unequal budget") and "b 1 of 2 (1 failed)" in note and "a " not in note
+    assert budget_note(search[:2] + [{"entrant": "b", "status": "completed"}] * 2) == ""

@@ -10,7 +10,6 @@ finished runs, an unknown metric or column, mixed datasets) is one error line, e
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -91,11 +90,13 @@ _ENDED = ("completed", "failed", "stopped")  # a trial's record once Tune is don
 
 def _trials(folder: Path) -> list[dict]:
     """The trial records directly under `folder` (an unreadable one counts as a trial not ended)."""
+    from augtune.records import read_json
+
     out = []
     for path in sorted(folder.glob("*/record.json")):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            record = read_json(path)
+        except ValueError:
             record = None
         out.append(record if isinstance(record, dict) else {})
     return out

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Union
 import pandas as pd
 
 from augtune.config import changes_results
-from augtune.records import FORMAT, RECORD_FILE
+from augtune.records import FORMAT, RECORD_FILE, JSONFileError, read_json
 
 PathLike = Union[str, os.PathLike]
 
@@ -127,23 +127,16 @@ def find_records(path: PathLike) -> list[Path]:
     return sorted(own.values())
 
 
-def _read(path: Path) -> dict | None:
-    """The record at `path`, or None with a `SkippedRecordWarning` saying why."""
+def _read(path: Path) -> tuple[dict | None, str]:
+    """(the record at `path`, "") or (None, why it is skipped)."""
     try:
-        data = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        reason = "not a text file"
-    except OSError as e:
-        reason = e.strerror or str(e)
-    except json.JSONDecodeError as e:
-        reason = f"not valid JSON ({e.msg}, line {e.lineno})"
-    else:
-        if isinstance(data, dict) and data.get("format") == FORMAT:
-            return data
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        reason = f"not an augtune record (format {found!r}, expected {FORMAT!r})"
-    warnings.warn(f"skipped {path}: {reason}", SkippedRecordWarning, stacklevel=3)
-    return None
+        data = read_json(path)  # the records' one reader: bounded depth, one line naming the file
+    except JSONFileError as e:
+        return None, e.reason
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        return data, ""
+    found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    return None, f"not an augtune record (format {found!r}, expected {FORMAT!r})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,19 +207,22 @@ def load_runs(paths: PathLike | Iterable[PathLike], *, completed_only: bool = Fa
     paths = _given(paths)
     runs: list[dict] = []
     measured: list[tuple[str, dict, dict]] = []  # (reference name, its metrics, the run row)
-    skipped = 0
+    skipped: list[str] = []
     for file, experiment in _record_files(paths):
-        record = _read(file)
+        record, reason = _read(file)
         if record is None:
-            skipped += 1
+            skipped.append(f"{file}: {reason}")
             continue
         row, references = _run_row(file, experiment, record)
         runs.append(row)
         measured += [(name, metrics, row) for name, metrics in references.items()]
-    if not runs:
+    if not runs:  # one line: the first file skipped says why, a warning per file would repeat it
         where = ", ".join(str(p) for p in paths)
-        note = f" ({skipped} record.json file(s) skipped: not augtune records)" if skipped else ""
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        note = f" (skipped {skipped[0]}{more})" if skipped else ""
         raise NoRecordsError(f"no augtune records (record.json) found under {where}{note}")
+    for line in skipped:
+        warnings.warn(f"skipped {line}", SkippedRecordWarning, stacklevel=2)
     _label_datasets(runs)
     config_columns = sorted({k for r in runs for k in r if "." in k})
     references = _dedupe_references(measured, config_columns)
@@ -364,7 +360,7 @@ def _short_path(where: str, places: set[str | None]) -> str:
     return where
 
 
-# The shared metric names (DESIGN.md) first, in their order; others after, alphabetically.
+# The shared metric names (docs/contributing.md) first, in their order; the others alphabetically.
 _METRIC_ORDER = ("knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari", "cluster_acc",
                  "cluster_nmi", "cluster_ari", "cluster_k", "loss", "epoch_time_s", "samples_per_s")
 

@@ -1,43 +1,63 @@
-"""The verdict of `augtune compare`, made from records on disk: which entrant wins and whether the win
-is real.
+"""The verdict of `augtune compare`, made from records on disk: which entrant wins, whether the win
+is real, and whether training beats the untrained encoder at all.
 
-One row per entrant: mean ± std over the repeat seeds (n), per metric. Each row is tested against the
-best row of that metric: a paired t-test over the seeds both share (scipy.stats.ttest_rel) when every
-row shares at least two seeds with the best, else Welch's t-test (ttest_ind, equal_var=False); two-sided;
-the p-values of a metric are corrected across the tested rows with Holm's step-down method. Bold goes
-to the best row and to the rows a test finds not significantly worse than it (Holm p >= alpha). A row
-with n = 1 (or every row, when the best has n = 1) can carry no test: it says "untested (n = 1)" and is
-not bold. An entrant whose own diagnostics say it did not train (the SANITY rules) is flagged with the
-reason, never bold, never named the winner, and not tested: it is not in Holm's family. Reference rows
-(`raw`, `random-init`) come below; the sentence says whether anything beats the raw input.
+One row per entrant: mean ± std over its repeat seeds (n), per metric; with a race (`race.py`), the
+row of the entrant's candidate that raced longest (its best configuration still racing, else the
+one eliminated last).
+
+Per metric, the entrant with the highest mean (the leader) is named best only when the tests
+separate it from every other ranked entrant and it beats the untrained encoder:
+- the race's metric, when there was a race, is decided by the race: separated when the race ended
+  with only this entrant's candidates left; its tests ran at the race's per-look level, which keeps
+  the chance of a false winner at alpha over all the looks (`stats.sequential_level`);
+- every other metric (and all of them without a race) by one look at the seeds the rows share: the
+  leader against each other ranked row, a paired t-test over the shared seeds
+  (scipy.stats.ttest_rel; Welch's t-test, ttest_ind with equal_var=False, for a pair sharing fewer
+  than two seeds), two-sided, Holm-corrected across the tested rows; separated when every one is
+  significantly worse. After a race, an entrant it eliminated early has fewer seeds on these
+  metrics too: each pair is tested over the seeds it shares.
+The untrained encoder is the bar: each entrant's seeds are paired with the `random-init` reference
+of the same seeds (every repeat run measures it for its own seed) and tested one-sided (entrant
+above it), Holm-corrected across the entrants; an entrant not significantly above it is "no better
+than untrained" on that metric and never named best. The raw input (one value: no seed changes it)
+is tested the same way by a one-sided one-sample t-test. When the leader is not separated, the
+sentence says "no entrant is separated" and states the smallest difference the run could have
+detected (power 0.8 at the level its tests used, from the paired differences' spread and n:
+`stats.detectable_difference`); with a margin (`compare.margin`), entrants shown equivalent to the
+leader by a paired TOST say so.
+
+Bold marks only the entrant named best. A row with n = 1 (or every row, when the leader has n = 1)
+carries no test: it says "untested (n = 1)" and is not bold. An entrant whose own diagnostics say
+it did not train (the SANITY rules) is flagged with the reason, never bold, never named, not
+tested: it is not in Holm's family. An entrant that reads labels while training (CoCor's MMNN:
+`cocor.mmnn` with `cocor.label_fraction` > 0) is marked semi-supervised in its row and in the
+sentences.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import stats as sps
 
-# (diagnostic key in a record's final metrics, predicate on its value that means "did not train", reason)
+from augtune.analysis import stats
+from augtune.analysis.race import RaceState, candidate_of
+from augtune.analysis.stats import holm  # the verdict's own since before stats.py
+
+# (diagnostic key in a record's final metrics, predicate on its value that means "did not train",
+# reason)
 SANITY: list[tuple[str, Callable[[float], bool], str]] = [
     ("diffaug_gen_std_ratio", lambda v: not 0.5 <= v <= 2.0,
      "generated positives' spread {v:.2f}x the data's"),
     ("diffaug_generator_steps", lambda v: v < 200, "generator barely trained: {v:.0f} updates"),
     ("pinda_noise_norm", lambda v: v < 1e-3, "pi-noise collapsed (mean norm {v:.2g})"),
 ]
-
-
-def holm(p: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input's order (monotone, capped at 1)."""
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    out, running = [1.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        out[i] = running
-    return out
+PAIRED = "paired t-test over the shared seeds"
+WELCH = "Welch's t-test"
+UNTRAINED, RAW = "random-init", "raw"
 
 
 @dataclass
@@ -46,10 +66,13 @@ class Cell:
     std: float
     n: int
     seeds: dict[int, float] = field(default_factory=dict)
-    p: Optional[float] = None  # raw p-value against the best row (None: the best itself, or untested)
+    # raw p-value against the leader (None: the leader itself, or untested)
+    p: Optional[float] = None
     p_holm: Optional[float] = None
     bold: bool = False
-    note: str = ""  # "best", "untested (n = 1)", "p = 0.003" ...
+    note: str = ""  # "best", "highest mean", "untested (n = 1)", "Holm p = 0.003" ...
+    untrained_p: Optional[float] = None  # Holm-adjusted one-sided p against random-init
+    raw_p: Optional[float] = None  # Holm-adjusted one-sided p against the raw input
 
 
 @dataclass
@@ -60,72 +83,201 @@ class Row:
     epoch_time: float = float("nan")  # mean seconds per epoch over its repeat runs
     relative_cost: float = float("nan")  # epoch time / the plain base's
     compute_s: float = float("nan")  # seconds of training over all its runs (search and repeat)
+    candidate: str = ""  # the race's candidate the row shows (`entrant#rank`)
+    semi: str = ""  # how it reads labels while training ("" when it does not)
+    race_note: str = ""  # "eliminated in round 2 (n = 4)", "withdrawn: ..."
+    out_round: Optional[int] = None  # the race's round that eliminated its last candidate
+    untrained: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)  # random-init
+    # of its own runs: metric -> seed -> value
+
+
+@dataclass
+class Decision:
+    """What the tests say about one metric."""
+
+    metric: str
+    leader: Optional[str] = None  # the highest mean among the ranked entrants
+    separated: bool = False  # the tests separate the leader from every other ranked entrant
+    by_race: bool = False
+    contenders: list[str] = field(default_factory=list)  # tested, not shown worse than the leader
+    worse: list[str] = field(default_factory=list)
+    untested: list[str] = field(default_factory=list)  # n = 1
+    equivalent: list[str] = field(default_factory=list)  # shown equivalent to the leader (TOST)
+    detectable: Optional[float] = None  # the smallest difference the run could detect (power 0.8)
+    detectable_n: int = 0
+    level: float = 0.05  # the level of its tests against the leader (before Holm)
+    beats_untrained: dict[str, Optional[bool]] = field(default_factory=dict)  # None: untested
+    beats_raw: dict[str, Optional[bool]] = field(default_factory=dict)
+    rounds: int = 0  # the race's rounds (by_race)
+    stop: str = ""  # why the race stopped ("" while it races)
+
+    @property
+    def winner(self) -> Optional[str]:
+        """The entrant named best: separated, and not shown no better than untrained."""
+        if self.leader is None or not self.separated:
+            return None
+        return None if self.beats_untrained.get(self.leader) is False else self.leader
 
 
 @dataclass
 class Verdict:
     rows: list[Row]
-    references: dict[str, dict[str, float]]
+    references: dict[str, dict[str, float]]  # name -> metric -> mean over the seeds
     metrics: tuple[str, ...]
     test: str  # "paired t-test over the shared seeds" or "Welch's t-test"
     alpha: float = 0.05
     unfinished: bool = False
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    reference_cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    race: Optional[RaceState] = None
+    margin: Optional[float] = None
+    budget: str = ""  # what broke the equal budget of the entrants' searches, when something did
 
     def best(self, metric: str) -> Optional[Row]:
+        """The ranked row with the highest mean (named best only when `winner` says so)."""
         ok = [r for r in self.rows
               if not r.flag and metric in r.cells and math.isfinite(r.cells[metric].mean)]
         return max(ok, key=lambda r: r.cells[metric].mean) if ok else None
 
+    def winner(self, metric: str) -> Optional[Row]:
+        d = self.decisions.get(metric)
+        name = d.winner if d else None
+        return next((r for r in self.rows if r.entrant == name), None)
+
+    def row(self, entrant: str) -> Row:
+        return next(r for r in self.rows if r.entrant == entrant)
+
     # -- words ------------------------------------------------------------------------------------
 
     def sentences(self) -> list[str]:
-        return [self._sentence(m) for m in self.metrics]
+        return [self._sentence(m) for m in self.metrics] + ([self.budget] if self.budget else [])
 
     def _sentence(self, m: str) -> str:
-        best = self.best(m)
-        if best is None:
+        d = self.decisions.get(m, Decision(m))
+        if d.leader is None:
             return f"{m}: no entrant has a value."
-        c = best.cells[m]
-        text = f"{m}: {best.entrant} is best ({100 * c.mean:.2f} ± {100 * c.std:.2f}, n = {c.n})"
-        text += "; with n = 1 nothing can be tested" if c.n < 2 else self._others(best, m)
-        text += self._against_raw(c, m)
+        text = f"{m}: " + self._head(d) + self._others(d) + self._bar(d)
+        semi = [r for r in self.rows if r.semi and m in r.cells]
+        if semi:
+            text += "; " + "; ".join(f"{r.entrant} reads labels while training ({r.semi}): "
+                                     "semi-supervised" for r in semi)
         flagged = [f"{r.entrant} ({r.flag})" for r in self.rows if r.flag]
-        return text + (f". Not ranked: {'; '.join(flagged)}" if flagged else "") + "."
-
-    def _others(self, best: Row, m: str) -> str:
-        # flagged entrants are said apart
-        others = [r for r in self.rows if r is not best and m in r.cells and not r.flag]
-        tied = [r.entrant for r in others if r.cells[m].bold]
-        worse = [r.entrant for r in others if r.cells[m].p_holm is not None and not r.cells[m].bold]
-        untested = [r.entrant for r in others if r.cells[m].note.startswith("untested")]
-        text = ""
-        if tied:
-            verb = "is" if len(tied) == 1 else "are"
-            text += f"; {', '.join(tied)} {verb} not distinguishable from it (Holm p >= {self.alpha:g})"
-        if worse:
-            text += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} significantly worse"
-        if untested:
-            text += f"; {', '.join(untested)} cannot be tested (n = 1)"
+        text += (f". Not ranked: {'; '.join(flagged)}" if flagged else "") + "."
+        if d.detectable is not None and math.isfinite(d.detectable):
+            text += (f" Differences under {_pts(m, d.detectable)} could not be detected with "
+                     f"n = {d.detectable_n}.")
         return text
 
-    def _against_raw(self, c: Cell, m: str) -> str:
-        raw = self.references.get("raw", {}).get(m)
+    def _named(self, entrant: str) -> str:
+        row = next((r for r in self.rows if r.entrant == entrant), None)
+        return f"{entrant} (semi-supervised)" if row is not None and row.semi else entrant
+
+    def _head(self, d: Decision) -> str:
+        c = self.row(d.leader).cells[d.metric]
+        stat = f"{_val(d.metric, c.mean)} ± {_val(d.metric, c.std)}, n = {c.n}"
+        race = f"; the race stopped after {d.rounds} rounds, {d.stop}" if d.by_race else ""
+        if d.winner:
+            how = ": the race separated it from every other entrant" if d.by_race else ""
+            return f"{self._named(d.leader)} is best ({stat}){how}{race}"
+        if d.separated:
+            return (f"no entrant is best: {self._named(d.leader)} is separated from the others "
+                    f"({stat}) but no better than untrained{race}")
+        if not d.contenders and not d.worse and not d.untested:
+            return f"{self._named(d.leader)} is the only ranked entrant ({stat}){race}"
+        if c.n < 2:
+            return (f"no entrant is separated (highest mean: {d.leader}, {stat}; with n = 1 "
+                    f"nothing can be tested){race}")
+        return f"no entrant is separated (highest mean: {self._named(d.leader)}, {stat}){race}"
+
+    def _others(self, d: Decision) -> str:
+        text = ""
+        level = f"Holm p >= {d.level:.2g}" if d.by_race else f"Holm p >= {self.alpha:g}"
+        if d.contenders:
+            text += (f"; {_names(d.contenders)} {_be(d.contenders)} not distinguishable from it "
+                     f"({level})")
+        if d.equivalent:
+            text += (f"; {_names([d.leader, *d.equivalent])} are equivalent within "
+                     f"±{_pts(d.metric, self.margin)} (TOST)")
+        if d.worse and d.by_race:
+            out = [f"{e} (round {self.row(e).out_round})" if self.row(e).out_round else e
+                   for e in d.worse]
+            text += f"; {_names(out)} {'was' if len(out) == 1 else 'were'} eliminated as " \
+                    "significantly worse"
+        elif d.worse:
+            text += f"; {_names(d.worse)} {_be(d.worse)} significantly worse"
+        if d.untested:
+            text += f"; {_names(d.untested)} cannot be tested (n = 1)"
+        return text
+
+    def _bar(self, d: Decision) -> str:
+        """Against the untrained encoder and the raw input."""
+        return self._against_untrained(d) + self._against_raw(d)
+
+    def _against_untrained(self, d: Decision) -> str:
+        ref = self.reference_cells.get(UNTRAINED, {}).get(d.metric)
+        if ref is None:
+            return "; the untrained encoder (random-init) was not measured"
+        what = f"random-init {_val(d.metric, ref.mean)} ± {_val(d.metric, ref.std)}, n = {ref.n}"
+        if not d.beats_untrained:  # no entrant with two seeds paired with it
+            return f"; nothing can be tested against the untrained encoder ({what})"
+        yes = [e for e, b in d.beats_untrained.items() if b]
+        no = [e for e, b in d.beats_untrained.items() if b is False]
+        raw_all = bool(d.beats_raw) and all(d.beats_raw.values())
+        if not yes and no and raw_all:
+            return (f"; every entrant beats the raw input but none beats the untrained encoder "
+                    f"({what})")
+        if not yes and no:
+            return f"; no entrant beats the untrained encoder ({what})"
+        if not no and len(yes) == len(d.beats_untrained):
+            return f"; training beats the untrained encoder for every entrant ({what}, " \
+                   f"Holm p < {self.alpha:g})"
+        text = f"; {_names(yes)} {'beats' if len(yes) == 1 else 'beat'} the untrained encoder " \
+               f"({what}, Holm p < {self.alpha:g})"
+        return text + (f", {_names(no)} {_be(no)} no better than untrained" if no else "")
+
+    def _against_raw(self, d: Decision) -> str:
+        raw = self.references.get(RAW, {}).get(d.metric)
         if raw is None or not math.isfinite(raw):
             return ""
-        if c.mean <= raw:
-            return f"; nothing beats the raw input ({100 * raw:.2f})"
-        if c.n >= 2 and _one_sample_p(c, raw) < self.alpha:
-            return f"; it beats the raw input ({100 * raw:.2f}, p < {self.alpha:g})"
-        return f"; it is above the raw input ({100 * raw:.2f}) but not significantly"
+        at = _val(d.metric, raw)
+        yes = [e for e, b in d.beats_raw.items() if b]
+        if yes and len(yes) == len(d.beats_raw) and len(yes) > 1:
+            if not any(d.beats_untrained.values()) and any(v is False for v in
+                                                          d.beats_untrained.values()):
+                return ""  # said with the untrained encoder
+            return f"; every entrant beats the raw input ({at}, Holm p < {self.alpha:g})"
+        if yes:
+            return (f"; {_names(yes)} {'beats' if len(yes) == 1 else 'beat'} the raw input "
+                    f"({at}, Holm p < {self.alpha:g})")
+        above = [r.entrant for r in self.rows if not r.flag and d.metric in r.cells
+                 and r.cells[d.metric].mean > raw]
+        if above:
+            return (f"; {_names(above)} {_be(above)} above the raw input ({at}) but not "
+                    "significantly")
+        return f"; nothing beats the raw input ({at})"
 
     def caption(self) -> str:
-        head = "unfinished experiment: " if self.unfinished else ""
-        return (f"{head}mean ± std over the repeat seeds (n), in %; each row against the best of its column "
-                f"by a {self.test}, two-sided, Holm-corrected across the tested rows; bold: the best and the "
-                f"rows not significantly worse than it (alpha = {self.alpha:g}); a row with n = 1 is "
-                "untested and not bold; a flagged entrant (its own diagnostics say it did not train) is "
-                "neither tested nor bold; cost: epoch time relative to the plain base, and total training "
-                "time of all the entrant's runs")
+        parts = [("unfinished experiment: " if self.unfinished else "")
+                 + "mean ± std over the repeat seeds (n), in %"]
+        rows = "each row"
+        if self.race is not None:
+            s = self.race.settings
+            parts.append(f"{s.metric} was decided by a race of {s.min_seeds} to {s.max_seeds} "
+                         f"seeds, each round's tests at level {s.level:.3g}, which keeps a false "
+                         f"winner at alpha over all its looks; a row shows the entrant's "
+                         "configuration that raced longest")
+            rows = "in the other columns, each row"
+        parts += [f"{rows} against the highest mean of its column by a {self.test}, two-sided, "
+                  f"Holm-corrected across the tested rows (alpha = {self.alpha:g})",
+                  "bold: only an entrant the tests separate from every other and that beats the "
+                  "untrained encoder (random-init, paired by seed, one-sided, Holm-corrected)",
+                  "a row with n = 1 is untested and not bold",
+                  "a flagged entrant (its own diagnostics say it did not train) is neither tested "
+                  "nor bold",
+                  "a detectable difference: power 0.8 at the strictest Holm level of its tests",
+                  "cost: epoch time relative to the plain base, and total training time of all "
+                  "the entrant's runs"]
+        return "; ".join(parts)
 
     # -- tables -----------------------------------------------------------------------------------
 
@@ -134,42 +286,88 @@ class Verdict:
         head = ["entrant", *self.metrics, "cost (x base)", "compute", "note"]
         body = []
         for r in self.rows:
-            cells = [_show(r.cells.get(m)) for m in self.metrics]
-            note = r.flag or "; ".join(c.note for c in r.cells.values() if c.note.startswith("untested"))
+            cells = [_show(r.cells.get(m), m) for m in self.metrics]
             body.append([r.entrant, *cells, _num(r.relative_cost, "{:.2f}x"),
-                         _num(r.compute_s / 60, "{:.1f} min"), note])
-        for name, values in self.references.items():
-            body.append([f"*{name}*", *[_num(100 * values[m], "{:.2f}") if m in values else "–"
-                                        for m in self.metrics], "", "", "reference"])
+                         _num(r.compute_s / 60, "{:.1f} min"), self._note(r)])
+        for name, cells in self.reference_cells.items():
+            body.append([f"*{name}*", *[_show(cells.get(m), m) for m in self.metrics], "", "",
+                         "reference"])
         return [head, *body]
 
-    def render(self, fmt: str = "md") -> str:
-        rows = self.table()
-        if fmt == "csv":
-            import csv
-            import io
+    def _note(self, r: Row) -> str:
+        if r.flag:
+            return r.flag
+        notes = [r.race_note] if r.race_note else []
+        notes += sorted({c.note for c in r.cells.values() if c.note.startswith("untested")})
+        bad = [m for m in self.metrics if self.decisions.get(m)
+               and self.decisions[m].beats_untrained.get(r.entrant) is False]
+        if bad:
+            notes.append(f"no better than untrained ({', '.join(bad)})")
+        if r.semi:
+            notes.append("semi-supervised")
+        return "; ".join(notes)
 
-            buf = io.StringIO()
-            csv.writer(buf).writerows([[c.replace("**", "") for c in row] for row in rows])
-            return buf.getvalue()
+    def numbers(self) -> pd.DataFrame:
+        """The table as numbers, long form: one line per (entrant or reference, metric) with mean,
+        std, n (in the metric's own units: 0.9654, not "96.54"), the Holm-adjusted p against the
+        leader and the one-sided ones against random-init and raw, whether it is named best (bold),
+        its note, and the entrant's cost, flag and semi-supervision (`export --format csv`)."""
+        lines = []
+        for r in self.rows:
+            for m in self.metrics:
+                c = r.cells.get(m)
+                if c is None:
+                    continue
+                lines.append({"entrant": r.entrant, "kind": "entrant", "metric": m, "mean": c.mean,
+                              "std": c.std, "n": c.n, "p_holm": c.p_holm, "p_untrained": c.untrained_p,
+                              "p_raw": c.raw_p, "best": c.bold, "note": c.note,
+                              "relative_cost": r.relative_cost, "compute_s": r.compute_s,
+                              "flag": r.flag, "semi_supervised": r.semi})
+        for name, cells in self.reference_cells.items():
+            for m, c in cells.items():
+                lines.append({"entrant": name, "kind": "reference", "metric": m, "mean": c.mean,
+                              "std": c.std, "n": c.n, "best": False, "note": "reference"})
+        columns = ["entrant", "kind", "metric", "mean", "std", "n", "p_holm", "p_untrained", "p_raw",
+                   "best", "note", "relative_cost", "compute_s", "flag", "semi_supervised"]
+        return pd.DataFrame(lines, columns=columns)
+
+    def render(self, fmt: str = "md") -> str:
+        if fmt == "csv":  # numbers, not the text of the cells
+            return self.numbers().to_csv(index=False)
+        rows = self.table()
         if fmt == "latex":
             return _latex(rows, self.caption())
-        lines = ["| " + " | ".join(rows[0]) + " |", "| :--- |" + " ---: |" * (len(rows[0]) - 2) + " :--- |"]
+        lines = ["| " + " | ".join(rows[0]) + " |",
+                 "| :--- |" + " ---: |" * (len(rows[0]) - 2) + " :--- |"]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
         return "\n".join([f"Table: {self.caption()}", "", *lines, "", *self.sentences()]) + "\n"
 
 
-def _one_sample_p(c: Cell, value: float) -> float:
-    x = np.array(list(c.seeds.values()))
-    if len(x) < 2 or np.allclose(x, x[0]):
-        return 0.0 if len(x) >= 2 and x[0] > value else 1.0
-    return float(stats.ttest_1samp(x, value).pvalue)
+_FRACTION = ("_acc", "_nmi", "_ari")
 
 
-def _show(c: Optional[Cell]) -> str:
+def _val(metric: str, v: float) -> str:
+    return f"{100 * v:.2f}" if metric.endswith(_FRACTION) or metric == "" else f"{v:.4g}"
+
+
+def _pts(metric: str, v: Optional[float]) -> str:
+    if v is None:
+        return "–"
+    return f"{100 * v:.2g} points" if metric.endswith(_FRACTION) else f"{v:.3g}"
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names)
+
+
+def _be(names: Sequence[str]) -> str:
+    return "is" if len(names) == 1 else "are"
+
+
+def _show(c: Optional[Cell], metric: str = "") -> str:
     if c is None or not math.isfinite(c.mean):
         return "–"
-    text = f"{100 * c.mean:.2f} ± {100 * c.std:.2f} ({c.n})"
+    text = f"{_val(metric, c.mean)} ± {_val(metric, c.std)} ({c.n})"
     return f"**{text}**" if c.bold else text
 
 
@@ -179,23 +377,26 @@ def _num(v: float, fmt: str) -> str:
 
 def _latex(rows: list[list[str]], caption: str) -> str:
     def tex(cell: str) -> str:
-        cell = cell.replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("*reference*", "")
+        for plain, tex_ in (("±", r"$\pm$"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
+            cell = cell.replace(plain, tex_)
         if cell.startswith("**") and cell.endswith("**"):
             return r"\textbf{" + cell[2:-2] + "}"
         return cell.replace("*", "")
 
     cols = "l" + "r" * (len(rows[0]) - 2) + "l"
-    out = ["% needs \\usepackage{booktabs}", r"\begin{table}", r"\centering", f"\\caption{{{tex(caption)}}}",
-           f"\\begin{{tabular}}{{{cols}}}", r"\toprule", " & ".join(tex(c) for c in rows[0]) + r" \\",
-           r"\midrule"]
+    out = ["% needs \\usepackage{booktabs}", r"\begin{table}", r"\centering",
+           f"\\caption{{{tex(caption)}}}", f"\\begin{{tabular}}{{{cols}}}", r"\toprule",
+           " & ".join(tex(c) for c in rows[0]) + r" \\", r"\midrule"]
     out += [" & ".join(tex(c) for c in row) + r" \\" for row in rows[1:]]
     out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(out) + "\n"
 
 
-# -- from records --------------------------------------------------------------------------------------
+# -- from records ---------------------------------------------------------------------------------
 
-def _sanity(final: dict) -> str:
+def did_not_train(final: Mapping) -> str:
+    """Why a run's own diagnostics (its final metrics) say it did not train, "" when they do not:
+    the race withdraws such a candidate (`race.withdraw`), the verdict flags its entrant."""
     for key, bad, reason in SANITY:
         v = final.get(key)
         if isinstance(v, (int, float)) and math.isfinite(v) and bad(v):
@@ -203,72 +404,320 @@ def _sanity(final: dict) -> str:
     return ""
 
 
-def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05, search: list[dict] = (),
-            unfinished: bool = False) -> Verdict:
-    """The verdict from the repeat runs' records (and the search trials' records, for the cost)."""
-    by_entrant: dict[str, list[dict]] = {}
+def flagged_candidates(repeat: Sequence[Mapping]) -> dict[str, str]:
+    """{candidate: why its run says it did not train}: the race withdraws these (`race.replay`)."""
+    out: dict[str, str] = {}
+    for r in repeat:
+        why = did_not_train(r.get("final") or {})
+        if why:
+            out.setdefault(candidate_of(r), why)
+    return out
+
+
+def semi_supervised(record: Mapping) -> str:
+    """How a run reads labels while training ("" when it does not): CoCor's MMNN trains on a
+    labelled part of train (`cocor.label_fraction`). A record without its config is read by its
+    label, with CoCor's defaults (the MMNN on, 1 % labelled)."""
+    cfg = record.get("config") or {}
+    augment = (cfg.get("method") or {}).get("augment")
+    if augment is None:
+        augment = str(record.get("entrant") or record.get("method") or "").split("+")[1:]
+    if "cocor" not in augment:
+        return ""
+    cocor = cfg.get("cocor") or {}
+    fraction = float(cocor.get("label_fraction", 0.01))
+    if not cocor.get("mmnn", True) or fraction <= 0:
+        return ""
+    return f"CoCor's MMNN, {100 * fraction:.3g}% of train labelled"
+
+
+def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05,
+            search: list[dict] = (), unfinished: bool = False, race: Optional[RaceState] = None,
+            margin: Optional[float] = None) -> Verdict:
+    """The verdict from the repeat runs' records (and the search trials' records, for the cost).
+    `race`: the race of the repeat (`race.replay` of these records), which decides its metric;
+    `margin`: the equivalence margin (metric units) of `compare.margin`, None for no TOST."""
+    metrics = tuple(metrics)
+    margin = margin if margin else (race.settings.margin if race is not None else None)
+    by_candidate: dict[str, list[dict]] = {}
     for r in repeat:
         if r.get("status") == "completed":
-            by_entrant.setdefault(r.get("entrant") or r["method"], []).append(r)
-    rows = [_row(name, runs, metrics) for name, runs in by_entrant.items()]
-    seed_sets = [set(r.cells[m].seeds) for r in rows for m in metrics if m in r.cells]
-    paired = bool(seed_sets) and len(set.intersection(*seed_sets)) >= 2  # every pair of rows shares them
-    test = "paired t-test over the shared seeds" if paired else "Welch's t-test"
-    for m in metrics:
-        _mark(rows, m, alpha, paired)
+            by_candidate.setdefault(candidate_of(r), []).append(r)
+    rows = _rows(by_candidate, metrics, race)
     _costs(rows, repeat, list(search))
-    refs = _references(repeat, metrics)
-    return Verdict(sorted(rows, key=lambda r: r.entrant), refs, tuple(metrics), test, alpha, unfinished)
-
-
-def _row(name: str, runs: list[dict], metrics: tuple[str, ...]) -> Row:
-    cells = {}
+    refs = _reference_seeds(by_candidate, rows, metrics)
+    decisions, tests = {}, set()
     for m in metrics:
-        seeds = {int(r["seed"]): float(r["final"][m]) for r in runs
-                 if isinstance(r.get("final", {}).get(m), (int, float)) and math.isfinite(r["final"][m])}
-        x = np.array(list(seeds.values()))
-        cells[m] = Cell(float(x.mean()) if len(x) else float("nan"),
-                        float(x.std(ddof=1)) if len(x) > 1 else 0.0, len(x), seeds)
-    flag = next((f for f in (_sanity(r.get("final", {})) for r in runs) if f), "")
-    return Row(name, cells, flag)
+        if race is not None and m == race.settings.metric:
+            decisions[m] = _by_race(rows, m, race)
+            tests.add(PAIRED)
+        else:
+            decisions[m] = _by_one_look(rows, m, alpha, margin, tests)
+        _against_references(rows, m, decisions[m], refs, alpha)
+        winner = decisions[m].winner
+        for r in rows:
+            if m in r.cells:
+                r.cells[m].bold = r.entrant == winner
+                if r.entrant == winner:
+                    r.cells[m].note = "best"
+    test = PAIRED if tests <= {PAIRED} else WELCH if tests == {WELCH} else \
+        f"{PAIRED} ({WELCH} where a pair shares fewer than two)"
+    ref_cells = {name: {m: _cell(v) for m, v in by_m.items()} for name, by_m in refs.items()}
+    means = {name: {m: c.mean for m, c in cells.items()} for name, cells in ref_cells.items()}
+    return Verdict(sorted(rows, key=lambda r: r.entrant), means, metrics, test, alpha, unfinished,
+                   decisions, ref_cells, race, margin, budget_note(list(search)))
 
 
-def _mark(rows: list[Row], m: str, alpha: float, paired: bool) -> None:
-    """Bold, notes and p-values of metric `m`: the best row against every other ranked row; Holm's
-    family is the rows actually tested (flagged entrants are not ranked, n = 1 rows cannot be tested)."""
-    ok = [r for r in rows if not r.flag and m in r.cells and math.isfinite(r.cells[m].mean)]
-    if not ok:
+def budget_note(search: Sequence[Mapping]) -> str:
+    """A sentence when the entrants' searches did not get the same number of trials that ended well
+    (a trial that failed is a trial less for its entrant), else "". The equal budget is the protocol:
+    the reader must know when it broke."""
+    ended: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    for r in search:
+        name = r.get("entrant") or r.get("method")
+        if not isinstance(name, str):
+            continue
+        ended.setdefault(name, 0)
+        failed.setdefault(name, 0)
+        if r.get("status") in ("completed", "stopped"):
+            ended[name] += 1
+        elif r.get("status") == "failed":
+            failed[name] += 1
+    if len(set(ended.values())) <= 1:
+        return ""
+    most = max(ended.values())
+    short = [f"{n} {ended[n]} of {most}" + (f" ({failed[n]} failed)" if failed[n] else "")
+             for n in sorted(ended) if ended[n] < most]
+    return ("Unequal budget: the entrants' searches did not all end the same number of trials "
+            f"({'; '.join(short)}); the comparison is not under one budget for them.")
+
+
+def _cell(seeds: Mapping[int, float]) -> Cell:
+    x = np.array(list(seeds.values()), dtype=float)
+    return Cell(float(x.mean()) if len(x) else float("nan"),
+                float(x.std(ddof=1)) if len(x) > 1 else 0.0, len(x), dict(seeds))
+
+
+def _values(runs: Sequence[Mapping], m: str) -> dict[int, float]:
+    return {int(r["seed"]): float(r["final"][m]) for r in runs
+            if isinstance(r.get("final", {}).get(m), (int, float))
+            and math.isfinite(r["final"][m])}
+
+
+def _rows(by_candidate: Mapping[str, list[dict]], metrics: tuple[str, ...],
+          race: Optional[RaceState]) -> list[Row]:
+    """One row per entrant: the candidate that raced longest (most seeds on the race's metric, or
+    on the first metric), a racing one first, then the highest mean."""
+    m0 = race.settings.metric if race is not None else metrics[0]
+    sign = -1.0 if race is not None and race.settings.mode == "min" else 1.0
+    by_entrant: dict[str, list[str]] = {}
+    for cid, runs in by_candidate.items():
+        by_entrant.setdefault(runs[0].get("entrant") or runs[0]["method"], []).append(cid)
+
+    def flag(cid: str) -> str:
+        why = (did_not_train(r.get("final", {})) for r in by_candidate[cid])
+        return next((f for f in why if f), "")
+
+    def rank(cid: str) -> tuple:
+        racing = race is not None and cid in {c.id for c in race.racing}
+        x = _values(by_candidate[cid], m0)
+        mean = sign * np.mean(list(x.values())) if x else -math.inf
+        return not flag(cid), racing, len(x), mean
+
+    rows = []
+    for name, cids in by_entrant.items():
+        cid = max(cids, key=rank)  # a flagged row: every candidate of the entrant is flagged
+        runs = by_candidate[cid]
+        rows.append(Row(name, {m: _cell(_values(runs, m)) for m in metrics}, flag(cid),
+                        candidate=cid, semi=semi_supervised(runs[0])))
+        _race_note(rows[-1], race, cids)
+    return rows
+
+
+def _race_note(row: Row, race: Optional[RaceState], cids: Sequence[str]) -> None:
+    """Where the race left the entrant, when none of its candidates is still racing."""
+    known = {x.id for x in race.candidates} if race is not None else set()
+    cands = [race.candidate(c) for c in cids if c in known]
+    if not cands or any(c.status == "racing" for c in cands):
         return
-    best = max(ok, key=lambda r: r.cells[m].mean)
-    b = best.cells[m]
-    b.bold, b.note = True, "best"
+    out = [c for c in cands if c.status == "eliminated"]
+    if out:
+        last = max(out, key=lambda c: c.out_round)
+        row.out_round = last.out_round
+        row.race_note = f"eliminated in round {last.out_round} " \
+                        f"(n = {race.rounds[last.out_round - 1].n})"
+    else:
+        row.race_note = f"withdrawn: {cands[0].reason}"
+
+
+def _ranked(rows: Sequence[Row], m: str) -> list[Row]:
+    return [r for r in rows if not r.flag and m in r.cells and math.isfinite(r.cells[m].mean)
+            and r.cells[m].n > 0]
+
+
+def _by_one_look(rows: list[Row], m: str, alpha: float, margin: Optional[float],
+                 tests: set) -> Decision:
+    """The leader against every other ranked row at the seeds they share, Holm over the tested."""
+    ok = _ranked(rows, m)
+    d = Decision(m, level=alpha)
+    if not ok:
+        return d
+    lead = max(ok, key=lambda r: r.cells[m].mean)
+    d.leader, b = lead.entrant, lead.cells[m]
+    b.note = "highest mean"
     tested = []
     for r in ok:
         c = r.cells[m]
-        if r is best:
+        if r is lead:
             continue
         if c.n < 2 or b.n < 2:
-            c.bold, c.note = False, "untested (n = 1)"
+            c.note = "untested (n = 1)"
+            d.untested.append(r.entrant)
             continue
-        c.p = _p_value(b, c, paired)
-        tested.append(c)
-    for c, q in zip(tested, holm([c.p for c in tested])):
-        c.p_holm = q
-        c.bold = q >= alpha
-        c.note = f"Holm p = {q:.3g}"
+        c.p, kind = _p_value(b, c)
+        tests.add(kind)
+        tested.append(r)
+    for r, q in zip(tested, holm([r.cells[m].p for r in tested])):
+        c = r.cells[m]
+        c.p_holm, c.note = q, f"Holm p = {q:.3g}"
+        (d.worse if q < alpha else d.contenders).append(r.entrant)
+    d.separated = bool(tested) and not d.contenders and not d.untested
+    if d.contenders:
+        pairs = [_shared(b, lead_of(rows, e).cells[m]) for e in d.contenders]
+        d.detectable_n = min(len(a) for a, _ in pairs)
+        sd = stats.pooled_sd([a - o for a, o in pairs])
+        d.detectable = stats.detectable_difference(sd, d.detectable_n, alpha / len(tested))
+        if margin:
+            d.equivalent = [e for e, (a, o) in zip(d.contenders, pairs)
+                            if stats.tost_p(a, o, margin) < alpha]
+    return d
 
 
-def _p_value(best: Cell, other: Cell, paired: bool) -> float:
-    if paired:
-        shared = sorted(set(best.seeds) & set(other.seeds))
-        a, b = np.array([best.seeds[s] for s in shared]), np.array([other.seeds[s] for s in shared])
-        if np.allclose(a - b, (a - b)[0]):  # a constant difference: the t statistic is undefined
-            return 1.0 if np.allclose(a, b) else 0.0
-        return float(stats.ttest_rel(a, b).pvalue)
+def lead_of(rows: Sequence[Row], entrant: str) -> Row:
+    return next(r for r in rows if r.entrant == entrant)
+
+
+def _shared(a: Cell, b: Cell) -> tuple[np.ndarray, np.ndarray]:
+    s = sorted(set(a.seeds) & set(b.seeds))
+    return np.array([a.seeds[k] for k in s]), np.array([b.seeds[k] for k in s])
+
+
+def _p_value(best: Cell, other: Cell) -> tuple[float, str]:
+    a, b = _shared(best, other)
+    if len(a) >= 2:
+        return stats.paired_p(a, b), PAIRED
     a, b = np.array(list(best.seeds.values())), np.array(list(other.seeds.values()))
     if np.allclose(a.std(), 0) and np.allclose(b.std(), 0):
-        return 1.0 if np.isclose(a.mean(), b.mean()) else 0.0
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+        return (1.0 if np.isclose(a.mean(), b.mean()) else 0.0), WELCH
+    return float(sps.ttest_ind(a, b, equal_var=False).pvalue), WELCH
+
+
+def _by_race(rows: list[Row], m: str, race: RaceState) -> Decision:
+    """The race's decisions, said per entrant (its row's candidate)."""
+    s = race.settings
+    d = Decision(m, by_race=True, level=s.level, rounds=len(race.rounds),
+                 stop=_stop_words(race))
+    ok = _ranked(rows, m)
+    racing = {c.entrant for c in race.racing}
+    live = [r for r in ok if r.entrant in racing]
+    if not live:
+        return d
+    sign = 1.0 if s.mode == "max" else -1.0
+    lead = max(live, key=lambda r: sign * r.cells[m].mean)
+    d.leader, b = lead.entrant, lead.cells[m]
+    b.note = "highest mean"
+    for r in ok:
+        if r is lead:
+            continue
+        c = r.cells[m]
+        rnd = _last_test(race, r.candidate)
+        if rnd is not None:
+            c.p, c.p_holm = rnd.p[r.candidate], rnd.p_holm[r.candidate]
+            c.note = f"Holm p = {c.p_holm:.3g}"
+        (d.contenders if r.entrant in racing else d.worse).append(r.entrant)
+    d.separated = race.stopped == "separated" and not d.contenders and bool(d.worse)
+    if race.stopped == "equivalent":
+        d.equivalent = list(d.contenders)
+    if d.contenders and race.rounds:
+        pairs = [_shared(b, lead_of(rows, e).cells[m]) for e in d.contenders]
+        d.detectable_n = min(len(a) for a, _ in pairs)
+        sd = stats.pooled_sd([a - o for a, o in pairs])
+        family = max(1, len(race.rounds[-1].p))
+        d.detectable = stats.detectable_difference(sd, d.detectable_n, s.level / family)
+    return d
+
+
+def _last_test(race: RaceState, cid: str):
+    return next((r for r in reversed(race.rounds) if cid in r.p), None)
+
+
+def _stop_words(race: RaceState) -> str:
+    if race.stopped is None:
+        return f"and is unfinished (n = {race.n} of at most {race.settings.max_seeds})"
+    return {"separated": f"at n = {race.n}, one entrant left",
+            "equivalent": f"at n = {race.n}, every remaining pair equivalent",
+            "max_seeds": f"at max_seeds (n = {race.n})",
+            "alone": "with one entrant left by withdrawals"}[race.stopped]
+
+
+def _against_references(rows: list[Row], m: str, d: Decision,
+                        refs: Mapping[str, Mapping[str, Mapping[int, float]]],
+                        alpha: float) -> None:
+    """One-sided tests of each ranked entrant above random-init (paired by seed) and above the raw
+    input, Holm-corrected across the entrants of each."""
+    ok = [r for r in _ranked(rows, m) if r.cells[m].n >= 2]
+    if not ok:
+        return
+    untrained = refs.get(UNTRAINED, {}).get(m, {})
+    paired = [(r, _pair_reference(r, m)) for r in ok]
+    paired = [(r, x) for r, x in paired if len(x[0]) >= 2]
+    if untrained and paired:
+        ps = [stats.paired_p(a, u, "greater") for _, (a, u) in paired]
+        for (r, _), q in zip(paired, holm(ps)):
+            r.cells[m].untrained_p = q
+            d.beats_untrained[r.entrant] = q < alpha
+    raw = refs.get(RAW, {}).get(m, {})
+    if raw:
+        value = float(np.mean(list(raw.values())))
+        qs = holm([stats.above_p(list(r.cells[m].seeds.values()), value) for r in ok])
+        for r, q in zip(ok, qs):
+            r.cells[m].raw_p = q
+            d.beats_raw[r.entrant] = q < alpha
+
+
+def _pair_reference(r: Row, m: str) -> tuple[np.ndarray, np.ndarray]:
+    """The row's values and random-init's of the same seeds (measured by the row's own runs)."""
+    ref = r.untrained.get(m, {})
+    seeds = sorted(set(r.cells[m].seeds) & set(ref))
+    return np.array([r.cells[m].seeds[s] for s in seeds]), np.array([ref[s] for s in seeds])
+
+
+def _reference_seeds(by_candidate: Mapping[str, list[dict]], rows: list[Row],
+                     metrics: tuple[str, ...]) -> dict[str, dict[str, dict[int, float]]]:
+    """{reference: {metric: {seed: value}}} over every repeat run (one value per seed: the runs of
+    a seed measured the same reference), and each row's own random-init values by seed."""
+    out: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for runs in by_candidate.values():
+        for r in runs:
+            for name, values in (r.get("references") or {}).items():
+                for m in metrics:
+                    v = (values or {}).get(m)
+                    if isinstance(v, (int, float)) and math.isfinite(v):
+                        out.setdefault(name, {}).setdefault(m, {}).setdefault(
+                            int(r["seed"]), []).append(float(v))
+    for row in rows:
+        own: dict[str, dict[int, float]] = {}
+        for r in by_candidate[row.candidate]:
+            values = (r.get("references") or {}).get(UNTRAINED) or {}
+            for m in metrics:
+                if isinstance(values.get(m), (int, float)) and math.isfinite(values[m]):
+                    own.setdefault(m, {})[int(r["seed"])] = float(values[m])
+        row.untrained = own
+    order = {RAW: 0, UNTRAINED: 1}
+    return {name: {m: {s: float(np.mean(v)) for s, v in sorted(by_s.items())}
+                   for m, by_s in out[name].items()}
+            for name in sorted(out, key=lambda n: (order.get(n, 2), n))}
 
 
 def _costs(rows: list[Row], repeat: list[dict], search: list[dict]) -> None:
@@ -286,26 +735,17 @@ def _costs(rows: list[Row], repeat: list[dict], search: list[dict]) -> None:
             row.relative_cost = row.epoch_time / plain.epoch_time
 
 
-def _references(repeat: list[dict], metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, list[float]]] = {}
-    for r in repeat:
-        for name, values in (r.get("references") or {}).items():
-            for m in metrics:
-                if isinstance(values.get(m), (int, float)):
-                    out.setdefault(name, {}).setdefault(m, []).append(float(values[m]))
-    return {name: {m: float(np.mean(v)) for m, v in d.items()} for name, d in out.items()}
-
-
 def load_compare_records(exp_dir) -> tuple[list[dict], list[dict]]:
     """(repeat records, search records) of a compare experiment folder, read without Ray."""
-    import json
     from pathlib import Path
+
+    from augtune.records import read_record
 
     def read(paths) -> list[dict]:
         out = []
         for p in sorted(paths):
             try:
-                out.append(json.loads(Path(p).read_text()))
+                out.append(read_record(p))
             except (OSError, ValueError):
                 continue
         return out
@@ -318,9 +758,13 @@ def load_compare_records(exp_dir) -> tuple[list[dict], list[dict]]:
 
 
 def frame(rows: list[Row], metrics: tuple[str, ...]) -> pd.DataFrame:
-    """The verdict as a DataFrame (one row per entrant), for the report and for users' own plots."""
-    return pd.DataFrame([{"entrant": r.entrant,
+    """The verdict as a DataFrame (one row per entrant), for the report and for users' own
+    plots."""
+    return pd.DataFrame([{"entrant": r.entrant, "candidate": r.candidate,
                           **{f"{m}_mean": r.cells[m].mean for m in metrics if m in r.cells},
                           **{f"{m}_std": r.cells[m].std for m in metrics if m in r.cells},
-                          "epoch_time_s": r.epoch_time, "relative_cost": r.relative_cost, "flag": r.flag}
+                          **{f"{m}_n": r.cells[m].n for m in metrics if m in r.cells},
+                          **{f"{m}_bold": r.cells[m].bold for m in metrics if m in r.cells},
+                          "epoch_time_s": r.epoch_time, "relative_cost": r.relative_cost,
+                          "flag": r.flag, "semi_supervised": r.semi, "race": r.race_note}
                          for r in rows])

@@ -158,6 +158,7 @@ def default_root() -> Path:
 
 def _prepare(cfg: DatasetConfig) -> DataSplit:
     split = DATASETS[cfg.name](cfg)
+    _check_classes(split, cfg)
     split = _subsample(split, cfg.max_train, cfg.max_test, cfg.split_seed)
     split = _contiguous_labels(split)
     if split.modality == "image" and cfg.as_vectors:
@@ -175,6 +176,22 @@ def _prepare(cfg: DatasetConfig) -> DataSplit:
                 split, **dict(zip(("mean", "std"), _image_stats(split.pretrain()[0])))
             )
     return split
+
+
+def _check_classes(split: DataSplit, cfg: DatasetConfig) -> None:
+    """Training data of one class is refused: every sample's neighbours, cluster and probe agree on
+    it, so each metric scores 1.0 and says nothing."""
+    labels = torch.unique(split.y_train)
+    if len(labels) >= 2:
+        return
+    where = cfg.path or cfg.root or f"dataset.name: {cfg.name}"
+    if len(labels) == 0:
+        raise DataError(f"{where}: the training data holds no samples")
+    c = int(labels[0])
+    name = split.classes[c] if 0 <= c < len(split.classes) else str(c)
+    raise DataError(f"{where}: the training data holds one class only ({name!r}, "
+                    f"{len(split.y_train)} samples); the evaluation needs at least two (every "
+                    f"metric would score 1.0)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -661,6 +678,7 @@ def load_arrays(cfg: DatasetConfig) -> DataSplit:
         raise DataError(
             f"{path}: x should be (N, D) vectors or (N, H, W) / (N, C, H, W) images, got shape {x.shape}"
         )
+    _check_not_empty(path, x, x_test)
     if x_test is not None and x_test.shape[1:] != x.shape[1:]:
         raise DataError(f"{path}: x_test has samples of shape {x_test.shape[1:]}, x has {x.shape[1:]}")
     for xs, ys, kx, ky in ((x, y, "x", "y"), (x_test, y_test, "x_test", "y_test")):
@@ -687,6 +705,14 @@ def load_arrays(cfg: DatasetConfig) -> DataSplit:
     modality = "vector" if x.ndim == 2 else "image"
     return DataSplit("arrays", modality, tuple(x.shape[1:]), len(classes), x_tr, y_tr, x_te, y_te,
                      None, None, classes)
+
+
+def _check_not_empty(path: Path, x: np.ndarray, x_test: np.ndarray | None) -> None:
+    """No samples, or samples of no features: one line (it was a reshape's traceback)."""
+    for xs, kx in ((x, "x"), (x_test, "x_test")):
+        if xs is not None and (len(xs) == 0 or 0 in xs.shape[1:]):
+            what = "no samples" if len(xs) == 0 else "samples of no features"
+            raise DataError(f"{path}: {kx} holds {what} (shape {xs.shape})")
 
 
 _TORCH_DTYPES = (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float32, np.float64)
@@ -740,8 +766,25 @@ def _read_npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     return z["x"], z["y"], z.get("x_test"), z.get("y_test")
 
 
+def _check_label_columns(path: Path, header: list[str]) -> None:
+    """Which column holds the labels (and the split) must be plain: a name given twice, or both
+    `label` and `y`, is refused naming the columns rather than one of them picked silently."""
+    for name in ("label", "y", "split"):
+        at = [str(i + 1) for i, c in enumerate(header) if c == name]
+        if len(at) > 1:
+            what = "split" if name == "split" else "labels"
+            raise DataError(f"{path}: {len(at)} columns are named {name!r} (columns "
+                            f"{', '.join(at)}); which one holds the {what} is ambiguous: rename "
+                            f"the others")
+    if "label" in header and "y" in header:
+        raise DataError(f"{path}: both a 'label' (column {header.index('label') + 1}) and a 'y' "
+                        f"column (column {header.index('y') + 1}); which one holds the labels is "
+                        f"ambiguous: rename the other")
+
+
 def _read_csv_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     header, rows = formats.read_csv(path)
+    _check_label_columns(path, header)
     label_col = next((c for c in ("label", "y") if c in header), None)
     if label_col is None:
         raise DataError(f"{path}: no 'label' (or 'y') column; columns: {', '.join(header)}")

@@ -221,6 +221,9 @@ def list_tree(root: Path) -> tuple[list[Path], list[int], list[Path] | None, lis
     files, labels, classes = _list_classes(train_dir, None)
     if not files:
         raise DataError(f"{train_dir}: no class folders of images (expected <class>/<image>.jpg|png ...)")
+    if len(classes) < 2:  # before one image is decoded: every metric would score 1.0
+        raise DataError(f"{train_dir}: one class folder only ({classes[0]!r}); the evaluation "
+                        f"needs at least two classes (one folder of images per class)")
     if test_dir is None:
         return files, labels, None, None, classes
     if (test_dir / "val_annotations.txt").is_file() and not _class_folders(test_dir)[1:]:

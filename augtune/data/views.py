@@ -28,11 +28,33 @@ _GRAY = (0.299, 0.587, 0.114)
 _YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
                     dtype=torch.float64)
 _YIQ_INV = torch.linalg.inv(_YIQ)
+_HOST = {"gray": torch.tensor(_GRAY, dtype=torch.float64).view(1, 3, 1, 1),  # (1, 3, 1, 1)
+         "yiq": _YIQ, "yiq_inv": _YIQ_INV}
+# The host constants above as each device and dtype reads them, copied there once: a view op on an
+# accelerator then makes no host-to-device copy (the values are those of `.to(device, dtype)`)
+_ON_DEVICE: dict[tuple[str, torch.device, torch.dtype], Tensor] = {}
+
+
+def _constant(name: str, like: Tensor) -> Tensor:
+    """Host constant `name` in like's dtype on like's device (one copy per device and dtype)."""
+    key = (name, like.device, like.dtype)
+    out = _ON_DEVICE.get(key)
+    if out is None:
+        out = _ON_DEVICE.setdefault(key, _HOST[name].to(like.device, like.dtype))
+    return out
+
+
+def _as_param(v: float | Tensor, x: Tensor) -> Tensor:
+    """A float or a tensor parameter in x's dtype on x's device. A float is filled in there (a fill
+    kernel, no host-to-device copy; the same value as ``torch.as_tensor(v, dtype)``)."""
+    if isinstance(v, Tensor):
+        return v.to(x.device, x.dtype)
+    return torch.full((1,), v, dtype=x.dtype, device=x.device)
 
 
 def _per_sample(v: float | Tensor, x: Tensor) -> Tensor:
     """A float or (B,) parameter -> broadcastable against x: (B, 1, ..., 1) in x's dtype and device."""
-    return torch.as_tensor(v, dtype=x.dtype, device=x.device).reshape(-1, *([1] * (x.dim() - 1)))
+    return _as_param(v, x).reshape(-1, *([1] * (x.dim() - 1)))
 
 
 def _uniform(shape: int | tuple[int, ...], lo: float, hi: float, like: Tensor) -> Tensor:
@@ -101,7 +123,7 @@ def luma(x: Tensor) -> Tensor:
     """(B, C, H, W) -> (B, 1, H, W); a 1-channel image is its own luma."""
     if x.shape[1] == 1:
         return x
-    return (x * x.new_tensor(_GRAY).view(1, 3, 1, 1)).sum(1, keepdim=True)
+    return (x * _constant("gray", x)).sum(1, keepdim=True)
 
 
 def to_grayscale(x: Tensor) -> Tensor:
@@ -136,11 +158,11 @@ def adjust_hue(x: Tensor, shift: float | Tensor) -> Tensor:
     shift turns red towards green, as there. Built as I + T^-1 (R - I) T so that shift 0 is exact."""
     if x.shape[1] == 1:
         return x
-    angle = 2 * math.pi * torch.as_tensor(shift, dtype=x.dtype, device=x.device).reshape(-1)  # (B,)
+    angle = 2 * math.pi * _as_param(shift, x).reshape(-1)  # (B,) radians
     cos, sin = torch.cos(angle) - 1, torch.sin(angle)
     rot = torch.zeros(angle.shape[0], 3, 3, dtype=x.dtype, device=x.device)  # (B, 3, 3): R - I
     rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = cos, sin, -sin, cos
-    yiq, yiq_inv = _YIQ.to(x.device, x.dtype), _YIQ_INV.to(x.device, x.dtype)
+    yiq, yiq_inv = _constant("yiq", x), _constant("yiq_inv", x)
     m = torch.eye(3, dtype=x.dtype, device=x.device) + yiq_inv @ rot @ yiq  # (B, 3, 3)
     return torch.einsum("bij,bjhw->bihw", m, x).clamp_(0, 1)
 
@@ -157,7 +179,7 @@ def gaussian_blur(x: Tensor, sigma: float | Tensor, kernel_size: tuple[int, int]
     Each (sample, channel) plane is one group of a depthwise conv (7x faster on CPU than shift-and-add)."""
     b, c, height, width = x.shape
     kh, kw = kernel_size or (blur_kernel_size(height), blur_kernel_size(width))
-    sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device).reshape(-1, 1).expand(b, 1)  # (B, 1)
+    sigma = _as_param(sigma, x).reshape(-1, 1).expand(b, 1)  # (B, 1) px
 
     def kernel(k: int) -> Tensor:  # (B*C, k) normalised taps, one row per plane
         t = torch.arange(k, dtype=x.dtype, device=x.device) - k // 2

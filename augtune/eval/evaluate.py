@@ -1,8 +1,8 @@
 """The one evaluation entry point: named metrics from a registry, parameters from `EvalConfig`.
 
 Each registry entry takes ``(train_x, train_y, test_x, test_y, num_classes, cfg, seed)`` and returns
-a flat dict of the DESIGN.md metric names it produces. Adding a metric (e.g. ``cluster`` for
-UMAP + GridShift) is one function and one entry here.
+a flat dict of the metric names of docs/contributing.md (Naming) it produces. Adding a metric (e.g.
+``cluster`` for UMAP + GridShift) is one function and one entry here.
 """
 from __future__ import annotations
 

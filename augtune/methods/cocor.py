@@ -5,11 +5,13 @@ Per step (Algorithm 1): the encoder trains on L_contrast + L_consistent with the
 ``loss_terms``); then the MMNN and a linear classifier train on cross-entropy over a small labelled
 subset through the one-step look-ahead theta_e'(theta_d) = theta_e - eta grad L_consistent (eqs. 4-5,
 8-11; ``after_step``), either exactly (``cocor.meta: exact``, autograd through the step, the encoder
-called at theta_e' through the objective's ``encode_with``) or by finite differences
-(``finite_difference``: the mixed second derivative of App. B replaced by a difference of L_consistent
-at theta_e +- eps u, u = dCE/dtheta_e at theta_e' as in DARTS, so only the MMNN is back-propagated through
-the difference). The look-ahead starts from the encoder the loop has just updated: the labelled step of
-Alg. 1 sees theta_e^(i), and eq. 11's second derivative is taken there.
+called at theta_e' through the objective's ``encode_with``) or as App. B's finite difference
+(``finite_difference``: the difference of L_consistent at theta_e +- eps u, u = dCE/dtheta_e at
+theta_e' as in DARTS, taken in its limit eps -> 0 by forward-mode differentiation, so only the
+MMNN is back-propagated). Both give the exact hypergradient; both run in IEEE float32 (or
+float64), whatever precision the encoder's step runs in (``ieee_fp32``). The look-ahead starts
+from the encoder the loop has just updated: the labelled step of Alg. 1 sees theta_e^(i), and
+eq. 11's second derivative is taken there.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import contextlib
 import math
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
@@ -30,11 +33,6 @@ from augtune.methods.cocor_ops import composite_views, pool_ops
 TABLE9 = {"moco": (0.80, 0.75, 0.65), "simsiam": (0.75, 0.70, 0.60)}
 _LIKE = {"simclr": "moco", "byol": "simsiam"}
 MMNN_LR = 1e-3  # Adam; the meta-gradient is O(eta_e), Adam's normalisation makes its scale irrelevant
-# Finite-difference step, as a norm in encoder-parameter space. DARTS uses 0.01 / |u|; a step that large
-# crosses ReLU/max-pool kinks (digits, 60 draws, float64: cosine with the exact hypergradient down to -0.55
-# on a CNN, 0.69 on an MLP; 1e-3: 0.95, 0.86); 1e-4 gives >= 0.997 on both (float32: >= 0.97) and still
-# leaves float32 four significant digits in the difference.
-FD_EPS = 1e-4
 
 
 def constant_target(base: str, length: int) -> float:
@@ -125,9 +123,32 @@ def labelled_subset(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor
     return torch.sort(torch.cat(out)).values
 
 
-def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 (autocast) up to float32; float64 kept: a finite difference needs the digits."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+@contextlib.contextmanager
+def ieee_fp32(device: torch.device):
+    """Autocast off and, on CUDA, float32 matmuls and convolutions in IEEE float32, not TF32
+    (cuDNN's default for convolutions): how CoCor's meta step and NRCC's SGHMC gradient compute.
+
+    CoCor's hypergradient rests on <grad_e sim_l, u> (u = dCE/dtheta_e, sim_l the mean similarity
+    of length l), inner products over all encoder weights that measured 3e-5 to 5e-3 of
+    |grad_e sim_l| |u| (digits, after 3 epochs), so u needs far more relative precision than that.
+    bf16's 2^-8 is not enough: in 60 draws of small MoCo/SimSiam models trained 3 epochs the cosine
+    with the float64 exact hypergradient fell to -0.86 (`exact`) and -0.79 (the finite difference)
+    under bf16 autocast, and to -0.55 (both) with TF32 emulated on the CPU (operands rounded to 10
+    bits). In IEEE float32: >= 0.99999 in every draw. The cost: the meta step without autocast or
+    TF32; the encoder's own step keeps its precision."""
+    with torch.autocast(device.type, enabled=False):
+        if device.type != "cuda":
+            yield
+            return
+        flags = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        saved = [f.fp32_precision for f in flags]
+        try:
+            for f in flags:
+                f.fp32_precision = "ieee"
+            yield
+        finally:
+            for f, v in zip(flags, saved):
+                f.fp32_precision = v
 
 
 @contextlib.contextmanager
@@ -149,13 +170,20 @@ class CoCor(Augmentation):
     name = "cocor"
     figures = ("cocor",)
 
+    @classmethod
+    def check_modality(cls, cfg, modality: str) -> None:
+        """The colour and affine pools are image ops: vector data has one pool, `all` (the planner
+        calls this on every sampled config, so a search never hands a trial an image pool)."""
+        if modality == "vector" and cfg.cocor.pool != "all":
+            raise ConfigError(f"cocor.pool: {cfg.cocor.pool!r} is an image pool; vector data has one pool, "
+                              "'all'")
+
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
         c = cfg.cocor
         if not c.lengths or any(int(l) < 1 for l in c.lengths):
             raise ConfigError(f"cocor.lengths: {list(c.lengths)} must be a non-empty list of lengths >= 1")
-        if data.modality == "vector" and c.pool != "all":
-            raise ConfigError(f"cocor.pool: {c.pool!r} is an image pool; vector data has one pool, 'all'")
+        self.check_modality(cfg, data.modality)
         self.lengths = tuple(int(l) for l in c.lengths)
         self.modality = data.modality
         self.ops = pool_ops(c.pool, data.modality)
@@ -252,22 +280,29 @@ class CoCor(Augmentation):
         theta_e' = theta_e - eta grad_e L_consistent(theta_e, theta_d) (eq. 9; L_contrast does not
         depend on theta_d, eq. 11); theta_e = the backbone's parameters (CE reads the backbone), reached
         only through the objective's `encoder_parameters` / `encode_with`: nothing is modified in place.
+        In IEEE float32 (float64 for a float64 model) under any autocast (`ieee_fp32`).
         """
+        with ieee_fp32(meta[0].device):
+            return self._meta_gradients(objective, meta, x_l, y_l, eta, mode == "exact")
+
+    def _meta_gradients(self, objective, meta: tuple, x_l: torch.Tensor, y_l: torch.Tensor,
+                        eta: float, exact: bool
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
         x0, views, counts = meta
-        m, kind, exact = x0.shape[0], self.cfg.cocor.consistency, mode == "exact"
+        m, kind = x0.shape[0], self.cfg.cocor.consistency
         theta = objective.encoder_parameters()
         names, params = list(theta), list(theta.values())
         d_params, c_params = list(self.mmnn.parameters()), list(self.classifier.parameters())
         z0 = self.anchor(objective, x0)  # f(x) under stop-gradient (App. D): held at theta by both modes
-        t = _at_least_fp32(self.targets(counts, m))  # (L, m), a function of theta_d
-        sim = _at_least_fp32(self.latent_similarity(objective, x0, views, z0=z0))  # (L, m)
+        t = self.targets(counts, m)  # (L, m), a function of theta_d
+        sim = self.latent_similarity(objective, x0, views, z0=z0)  # (L, m)
         g = torch.autograd.grad(consistency_loss(sim, t if exact else t.detach(), kind), params,
                                 create_graph=exact, allow_unused=True)  # grad_e L_consistent at theta_e
         with torch.set_grad_enabled(exact):  # exact: the graph runs through the step to theta_d
             ahead = {n: p if gi is None else p - eta * gi for n, p, gi in zip(names, params, g)}
         if not exact:  # u = dCE/dtheta_e at theta' (as DARTS): a leaf, so only CE's own gradient is taken
             ahead = {n: a.detach().requires_grad_(True) for n, a in ahead.items()}
-        ce = F.cross_entropy(self.classifier(objective.encode_with(ahead, x_l)).float(), y_l)
+        ce = F.cross_entropy(self.classifier(objective.encode_with(ahead, x_l)), y_l)
         if exact:
             grads = torch.autograd.grad(ce, d_params + c_params, allow_unused=True)
             return list(grads[:len(d_params)]), list(grads[len(d_params):]), ce.detach()
@@ -277,28 +312,40 @@ class CoCor(Augmentation):
 
     def _finite_difference(self, objective, meta: tuple, z0: torch.Tensor, t: torch.Tensor,
                            u: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
-        """-eta d/dtheta_d <grad_e L_consistent(theta_e), u> ~ -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps),
-        theta+- = theta_e +- eps u: two passes without gradient, a backward through the MMNN only.
+        """-eta d/dtheta_d <grad_e L_consistent(theta_e, theta_d), u>: App. B's central difference
+        -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps), theta+- = theta_e +- eps u, in its limit
+        eps -> 0 (the exact hypergradient -eta (d^2 L / d theta_d d theta_e)^T dCE(theta')).
 
-        u is dCE/dtheta_e at theta', as in the exact hypergradient -eta (d^2 L / d theta_d d theta_e)^T
-        dCE(theta'); u at theta_e instead was off where one step flips ReLU/max-pool choices (CNN on digits,
-        60 draws: cosine with the exact hypergradient down to 0.07). The anchor f(x) is under stop-gradient in
-        L_consistent, so it stays z0 (at theta_e) at theta+-: recomputing it there differentiates another
-        function (wrong sign in about a third of the draws).
+        The limit is taken by forward-mode differentiation: one pass of the encoder with tangent
+        u gives sim and J u = d sim / d theta_e . u, both (L, m); then
+        <grad_e L, u> = <dL/dsim (sim, t), J u>, and only the MMNN (through t) is back-propagated
+        through that. Like the difference it keeps no second-order graph of the encoder (`exact`
+        does), but it subtracts nothing: J u carries a rounding relative to itself. The difference
+        (eps = 1e-4 / |u|, the largest step that crossed no ReLU/max-pool kink in float64)
+        subtracted two float32 passes whose difference could be below their rounding: after 3
+        epochs on digits its cosine with the float64 exact hypergradient fell to -0.89 (MoCo, MLP),
+        its length to x0.09..x3.5. On the CPU this costs 1.1-1.3x the difference's two passes,
+        less than `exact`.
+
+        u is dCE/dtheta_e at theta', as in the exact hypergradient; u at theta_e instead was off
+        where one step flips ReLU/max-pool choices (CNN on digits, 60 draws: cosine with the exact
+        hypergradient down to 0.07). The anchor f(x) is under stop-gradient in L_consistent, so it
+        stays z0 (at theta_e): differentiating through it differentiates another function (wrong
+        sign in about a third of the draws).
         """
         x0, views, _ = meta
         theta = objective.encoder_parameters()
-        eps = FD_EPS / (torch.sqrt(sum((ui.float() ** 2).sum() for ui in u)) + 1e-12)
-        kind, sims = self.cfg.cocor.consistency, []
-        # no autocast here: a bf16 forward would drown a difference this small in rounding
-        with torch.no_grad(), torch.autocast(x0.device.type, enabled=False):
-            for sign in (1, -1):
-                shifted = {n: p + sign * eps.to(p.dtype) * ui for (n, p), ui in zip(theta.items(), u)}
-                sim = self.latent_similarity(objective, x0, views, z0=z0, params=shifted)  # (L, m)
-                sims.append(_at_least_fp32(sim))
-        plus, minus = consistency_loss(sims[0], t, kind), consistency_loss(sims[1], t, kind)
-        surrogate = -eta / (2 * eps) * (plus - minus)
-        return list(torch.autograd.grad(surrogate, list(self.mmnn.parameters()), allow_unused=True))
+        kind, d_params = self.cfg.cocor.consistency, list(self.mmnn.parameters())
+        with torch.no_grad(), fwAD.dual_level():  # no_grad: forward mode needs no graph
+            duals = {n: fwAD.make_dual(p.detach(), ui.to(p.dtype))
+                     for (n, p), ui in zip(theta.items(), u)}
+            sim, ju = fwAD.unpack_dual(
+                self.latent_similarity(objective, x0, views, z0=z0, params=duals))
+        sim = sim.detach().requires_grad_(True)  # (L, m) at theta_e
+        ju = torch.zeros_like(sim) if ju is None else ju.detach()  # (L, m) d sim / d theta_e . u
+        (dl_dsim,) = torch.autograd.grad(consistency_loss(sim, t, kind), sim, create_graph=True)
+        surrogate = -eta * (dl_dsim * ju).sum()  # its gradient in theta_d is the estimate
+        return list(torch.autograd.grad(surrogate, d_params, allow_unused=True))
 
     def after_step(self, batch: Batch, method, info: StepInfo, update: Update) -> None:
         if self.mmnn is None or self._meta is None or not self.training:
@@ -309,9 +356,9 @@ class CoCor(Augmentation):
             return
         obj = method.objective
         x_l, y_l = self.labelled_batch(batch.x.shape[0], batch.x.device)
-        with kept_buffers(*obj.online_networks()), \
-                torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=info.autocast):
-            g_d, g_c, ce = self.meta_gradients(obj, meta, x_l, y_l, info.lr, c.meta)  # eta: the encoder's lr
+        # meta_gradients runs in IEEE float32 whatever info.autocast says (ieee_fp32)
+        with kept_buffers(*obj.online_networks()):  # eta: the encoder's lr
+            g_d, g_c, ce = self.meta_gradients(obj, meta, x_l, y_l, info.lr, c.meta)
         update("cocor", grads=g_d + g_c)
         self.meter.add("ce", ce)  # the labelled cross-entropy, mean over this epoch's MMNN updates
 

@@ -136,7 +136,8 @@ def _affine_theta(op: str, m: torch.Tensor, height: int, width: int) -> torch.Te
         b[:, 0] = -m * width
     elif op == "TranslateY":
         b[:, 1] = -m * height
-    s = torch.tensor([width / 2, height / 2], dtype=m.dtype, device=m.device)  # (2,) pixels per unit
+    s = torch.full((2,), width / 2, dtype=m.dtype, device=m.device)  # (2,) pixels per unit: x, y
+    s[1] = height / 2  # filled in on m's device: no host-to-device copy
     theta = torch.empty(n, 2, 3, dtype=m.dtype, device=m.device)
     theta[:, :, :2] = a * s.view(1, 1, 2) / s.view(1, 2, 1)  # S^-1 A S
     theta[:, :, 2] = b / s  # S^-1 b
@@ -199,6 +200,13 @@ def apply_vector_op(op: str, x: torch.Tensor, m: torch.Tensor, ref: torch.Tensor
     raise KeyError(op)
 
 
+def _draws_share_rng(device: torch.device) -> bool:
+    """Whether the host's RNG is `device`'s: then magnitudes are drawn just before their op runs,
+    as the vector ops' own noise is drawn from the same generator (fixed-seed runs keep their
+    numbers); elsewhere all are drawn first and reach the device in one copy."""
+    return device.type == "cpu"
+
+
 def composite_views(x: torch.Tensor, lengths: tuple[int, ...], ops: tuple[str, ...],
                     modality: str = "image") -> tuple[torch.Tensor, torch.Tensor]:
     """One composite view per length per sample (Definition 1), and its composition vectors.
@@ -207,41 +215,68 @@ def composite_views(x: torch.Tensor, lengths: tuple[int, ...], ops: tuple[str, .
     counts (L*B, len(ops)) float: how often each op was applied (Definition 2; rows sum to l).
     Ops are drawn with replacement and applied in the drawn order. All views of all lengths go
     through the ops together: step k touches the views whose length exceeds k, and within a step
-    the views are grouped by op, so a step costs one call per op present (choices live on the CPU,
-    so grouping needs no device sync).
+    the views are grouped by op, so a step costs one call per op present. The choices, the
+    grouping and the magnitudes are drawn on the host (no device sync); on an accelerator they
+    reach it in one copy per call, never one per op.
     """
     b, n_ops = x.shape[0], len(ops)
+    image = modality == "image"
     length = torch.tensor(lengths).repeat_interleave(b)  # (N,) length of each view
-    n = length.shape[0]
-    choice = torch.randint(0, n_ops, (n, max(lengths)))  # (N, l_max) op ids, CPU
-    active = torch.arange(max(lengths)).view(1, -1) < length.view(-1, 1)  # (N, l_max)
+    n, l_max = length.shape[0], max(lengths)
+    choice = torch.randint(0, n_ops, (n, l_max))  # (N, l_max) op ids, host
+    active = torch.arange(l_max).view(1, -1) < length.view(-1, 1)  # (N, l_max)
     counts = torch.zeros(n, n_ops)
     counts.scatter_add_(1, choice, active.float())  # (N, n_ops)
-    views = x.repeat(len(lengths), *([1] * (x.dim() - 1)))  # (N, *shape)
-    for k in range(max(lengths)):
+    # per step: the views sorted by the op they take, and (op, start, stop) slices of that order
+    orders, groups = [], []
+    for k in range(l_max):
         step = torch.where(active[:, k], choice[:, k], -1)  # -1: this view is done
-        order = torch.argsort(step, stable=True)
-        sizes = torch.bincount(step + 1, minlength=n_ops + 1).tolist()  # CPU: no sync
-        parts = list(torch.split(order, sizes))[1:]  # drop the finished views
+        orders.append(torch.argsort(step, stable=True))  # (N,) finished views first, then by op
+        sizes = torch.bincount(step + 1, minlength=n_ops + 1).tolist()
+        bounds = [sum(sizes[:i + 1]) for i in range(n_ops + 1)]
+        groups.append([(ops[i], bounds[i], bounds[i + 1]) for i in range(n_ops)
+                       if bounds[i + 1] > bounds[i] and ops[i] != "Identity"])
+
+    def draw(op: str, size: int) -> torch.Tensor:  # (size,) magnitudes; affine ops: (size, 2, 3)
+        m = sample_magnitude(op, size)
+        return _affine_theta(op, m, x.shape[-2], x.shape[-1]) if image and op in _AFFINE else m
+
+    wanted = [(op, stop - start) for g in groups for op, start, stop in g]  # in the order ops run
+    if _draws_share_rng(x.device):
+        draws = (draw(op, size) for op, size in wanted)  # lazily: each just before its op runs
+        index = orders
+    else:  # one packed float64 copy (exact for the int64 indices, counts and float32 draws)
+        drawn = [draw(op, size) for op, size in wanted]
+        pack = torch.cat([torch.stack(orders).flatten().double(), counts.flatten().double(),
+                          *(d.flatten().double() for d in drawn)])
+        if x.device.type == "cuda":
+            pack = pack.pin_memory()  # an asynchronous copy needs page-locked host memory
+        pack = pack.to(x.device, non_blocking=True)
+        index = pack[:l_max * n].long().view(l_max, n)  # (l_max, N)
+        at = l_max * n
+        counts = pack[at:at + counts.numel()].view(n, n_ops)
+        at += counts.numel()
+        parts = []
+        for d in drawn:
+            parts.append(pack[at:at + d.numel()].view(d.shape).to(d.dtype))
+            at += d.numel()
+        draws = iter(parts)
+    views = x.repeat(len(lengths), *([1] * (x.dim() - 1)))  # (N, *shape)
+    for k in range(l_max):
         out = views.clone()
         affine_idx, affine_theta = [], []  # the affine ops of this step share one grid_sample
-        for op_id, idx in enumerate(parts):
-            op = ops[op_id]
-            if idx.numel() == 0 or op == "Identity":
-                continue
-            mag = sample_magnitude(op, idx.numel())
-            if modality == "image" and op in _AFFINE:
+        for op, start, stop in groups[k]:
+            idx, d = index[k][start:stop].to(x.device), next(draws).to(x.device)
+            if image and op in _AFFINE:
                 affine_idx.append(idx)
-                affine_theta.append(_affine_theta(op, mag, x.shape[-2], x.shape[-1]))
-                continue
-            idx_d, mag_d = idx.to(x.device, non_blocking=True), mag.to(x.device, non_blocking=True)
-            if modality == "vector":
-                out[idx_d] = apply_vector_op(op, views[idx_d], mag_d, x)
+                affine_theta.append(d)
+            elif image:
+                out[idx] = apply_image_op(op, views[idx], d)
             else:
-                out[idx_d] = apply_image_op(op, views[idx_d], mag_d)
+                out[idx] = apply_vector_op(op, views[idx], d, x)
         if affine_idx:
-            idx_d = torch.cat(affine_idx).to(x.device, non_blocking=True)
-            theta = torch.cat(affine_theta).to(x.device, non_blocking=True)  # (n, 2, 3)
-            out[idx_d] = warp(views[idx_d], theta, padding_mode="zeros")
+            idx = torch.cat(affine_idx)
+            theta = torch.cat(affine_theta)  # (n, 2, 3) maps
+            out[idx] = warp(views[idx], theta, padding_mode="zeros")
         views = out
-    return views, counts.to(x.device)
+    return views, counts.to(x.device, torch.float32)

@@ -124,7 +124,7 @@ class DDPM(nn.Module):
         noise = torch.randn_like(x0)
         ab = self.alphas_bar[t].view(b, *([1] * (x0.dim() - 1)))
         xt = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
-        return F.mse_loss(net(xt, t, cond.detach()).float(), noise)
+        return F.mse_loss(net(xt, t, cond.detach()).to(noise.dtype), noise)  # autocast's bf16 up
 
     def timesteps(self, sample_steps: int | None = None) -> list[int]:
         """The 0-based steps the sampler visits, descending: all T, or `sample_steps` evenly strided."""
@@ -176,13 +176,13 @@ class DDPM(nn.Module):
         amplifies by up to 1/sqrt(abar_T) ~ 150, cannot carry samples out of the data's range.
         """
         _check_variance(sample_variance)
-        b = cond.shape[0]
-        x = torch.randn((b, *shape), device=cond.device)  # delta ~ N(0, 1)
+        b, dtype = cond.shape[0], self.alphas_bar.dtype  # the chain runs in the schedule's dtype
+        x = _normal((b, *shape), cond.device, dtype)  # delta ~ N(0, 1)
         ts = self.timesteps(sample_steps)
-        one = torch.ones((), device=cond.device)
+        one = torch.ones((), device=cond.device, dtype=dtype)
         for i, t in enumerate(ts):
             tt = torch.full((b,), t, device=cond.device, dtype=torch.long)
-            eps = net(x, tt, cond).float()
+            eps = net(x, tt, cond).to(dtype)  # autocast's bf16 up
             ab = self.alphas_bar[t]
             ab_prev = self.alphas_bar[ts[i + 1]] if i + 1 < len(ts) else one
             alpha = ab / ab_prev  # 1 - beta_t on the full chain
@@ -197,8 +197,15 @@ class DDPM(nn.Module):
             if i + 1 == len(ts):
                 x = mean  # the last step adds no noise
             else:
-                x = mean + self.variance(t, ts[i + 1], sample_variance).sqrt() * torch.randn_like(x)
+                sigma = self.variance(t, ts[i + 1], sample_variance).sqrt()
+                x = mean + sigma * _normal(x.shape, x.device, dtype)
         return x
+
+
+def _normal(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
+    """N(0, 1) drawn in float32 whatever the chain's dtype: a float64 chain (the tests' reference)
+    sees the very noise a float32 one does from the same seed (torch's float64 stream differs)."""
+    return torch.randn(shape, device=device).to(dtype)
 
 
 @torch.no_grad()
@@ -248,7 +255,7 @@ class ResidualMLPDenoiser(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         h = self.lift(x.flatten(1))  # (B, W)
-        c = self.time(t) + self.cond(cond.float())  # (B, W): added before every block
+        c = self.time(t) + self.cond(cond.to(x.dtype))  # (B, W): added before every block
         e1 = self.enc[0](h + c)
         e2 = self.enc[1](e1 + c) + e1
         e3 = self.enc[2](e2 + c) + e1 + e2
@@ -327,7 +334,7 @@ class UNetDenoiser(nn.Module):
         h_in, w_in = x.shape[-2:]
         ph, pw = (-h_in) % 4, (-w_in) % 4
         x = F.pad(x, (0, pw, 0, ph))
-        e = sinusoidal(t, self.emb_dim) + self.cond(cond.float())  # (B, emb)
+        e = sinusoidal(t, self.emb_dim) + self.cond(cond.to(x.dtype))  # (B, emb)
         x1 = self.inc(x, e)  # (B, w, H, W)
         x2 = self.sa1(self.down1(F.max_pool2d(x1, 2), e))  # (B, 2w, H/2, W/2)
         x3 = self.sa2(self.down2(F.max_pool2d(x2, 2), e))  # (B, 4w, H/4, W/4)

@@ -1,4 +1,5 @@
-"""NRCC (Maji et al.): a negative-pair regulariser for clustering, with SGHMC-generated negatives.
+"""NRCC (Kumar, Chakrabarty, Mullick and Das): a negative-pair regulariser for clustering, with
+SGHMC-generated negatives.
 
 Each step makes a third view ``x^c`` per sample by SGHMC in input space (3.4, eqs. 16-18, Alg. 1):
 seed ``s0`` drawn from the batch's augmented views, momentum ``p0 = r0 ~ N(0, I)``, then ``steps``
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from augtune.methods.base import Augmentation, Batch, Outputs, StepInfo
+from augtune.methods.cocor import ieee_fp32
 
 
 def nrcc_log_ratio(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tau: float) -> torch.Tensor:
@@ -55,7 +57,12 @@ def sghmc(seed: torch.Tensor, density: Callable[[torch.Tensor], torch.Tensor], d
 
     `density(s)` gives (B,) values P_Omega(s_i), each depending on its own row only; its gradient
     is taken with respect to s alone (autograd.grad: no parameter receives a gradient) and clipped
-    element-wise to [-grad_clip, grad_clip] when given (the official code: 1). `p0`: the initial
+    element-wise to [-grad_clip, grad_clip] when given (the official code: 1). Both in IEEE float32
+    (autocast off, no TF32: `ieee_fp32`): an input gradient of a trained network did not survive
+    bf16. On digits after 3 epochs (SimCLR and BYOL, MLP and CNN, 20 batches of 64) bf16 autocast
+    gave per-sample cosines with the float64 gradient down to -0.39, and the gradient's part of x^c
+    was off by up to 190% (1-9% in the median sample); TF32, emulated, gave cosines down to 0.28. In
+    float32 that part is within 1.2e-5 of float64 (tests/test_precision.py). `p0`: the initial
     momentum (default r0 ~ N(0, I), as Alg. 1). ``order``: momentum_first (the official code and
     textbook SGHMC: move with the updated momentum) or paper (eq. 18 as printed: move with the
     momentum before its update, so one step never uses the gradient).
@@ -70,7 +77,7 @@ def sghmc(seed: torch.Tensor, density: Callable[[torch.Tensor], torch.Tensor], d
     for j in range(steps):
         if order == "paper" and j == steps - 1:  # eq. 18: the last move needs no new gradient
             return s + delta2 * p, moved_by_grad + delta2 * p_grad
-        with torch.enable_grad():
+        with torch.enable_grad(), ieee_fp32(s.device):
             x = s.clone().requires_grad_(True)
             (grad,) = torch.autograd.grad(density(x).sum(), x)
         if grad_clip is not None:
@@ -91,6 +98,22 @@ class NRCC(Augmentation):
     name = "nrcc"
     figures = ("umap",)
 
+    @staticmethod
+    def density(objective, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Eq. 16 with sim = cosine: s (B, *shape) -> (B,) P(s_i) = 1 / (1 + cos(g(f(s_i)),
+        g(f(x_i)))), g(f(.)) the base's target side, whose gradient SGHMC follows; g(f(x)) of the
+        clean samples is computed once, at the first call (so in SGHMC's precision)."""
+        g = objective.target_network
+        anchor: list[torch.Tensor] = []
+
+        def density(s: torch.Tensor) -> torch.Tensor:
+            if not anchor:
+                with torch.no_grad():
+                    anchor.append(F.normalize(g(x), dim=1))  # (B, D)
+            return 1.0 / (1.0 + (F.normalize(g(s), dim=1) * anchor[0]).sum(dim=1))
+
+        return density
+
     def negatives(self, batch: Batch, method) -> torch.Tensor:
         """x^c for every sample: SGHMC from a random view of the batch, or (augment) a random view."""
         views = torch.cat(batch.views[:2])  # (2B, *shape): the seeds' pool, Alg. 1 line 1
@@ -100,17 +123,9 @@ class NRCC(Augmentation):
         if c.negatives == "augment":
             return views[pick]
         objective = method.objective
-        g = objective.target_network  # g(f(.)) whose gradient SGHMC follows: the target side of the base
         was_training = objective.training
         objective.eval()  # BatchNorm on running statistics: each sample's density depends on it alone
-        anchor: list[torch.Tensor] = []  # g(f(x_i)) of the clean samples, computed when first needed
-
-        def density(s: torch.Tensor) -> torch.Tensor:  # eq. 16 with sim = cosine
-            if not anchor:
-                with torch.no_grad():
-                    anchor.append(F.normalize(g(batch.x), dim=1))  # (B, D)
-            return 1.0 / (1.0 + (F.normalize(g(s), dim=1) * anchor[0]).sum(dim=1))
-
+        density = self.density(objective, batch.x)
         try:
             out, by_grad = sghmc(views[pick], density, c.delta1, c.delta2, c.delta3, c.steps, c.order,
                                  grad_clip=c.grad_clip)

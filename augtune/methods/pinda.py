@@ -8,8 +8,8 @@ trained jointly by the encoder's optimiser (Adam 1e-3, B.4), both minimising the
 loss (eq. 17), plus ``pinda.penalty / mean ||noise||`` (B.4): without it the cooperative generator
 shrinks its noise to nothing, as the tests show.
 
-Sigma is ``|head(x)|`` as in the same group's pi-noise code (DESIGN.md): a per-element scale used as
-a standard deviation, non-negative, with gradients on both sides of 0.
+Sigma is ``|head(x)|`` as in the same group's pi-noise code (docs/methods/pinda.md): a per-element
+scale used as a standard deviation, non-negative, with gradients on both sides of 0.
 """
 from __future__ import annotations
 
@@ -115,9 +115,24 @@ class PiNoiseGenerator(nn.Module):
         return self.sample(*self.params(x))
 
 
-def inverse_norm_penalty(noise: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """B.4's penalty: the multiplicative inverse of the batch's mean pi-noise norm (L2 per sample)."""
-    return 1.0 / (noise.flatten(1).norm(dim=1).mean() + eps)
+def mean_norm(noise: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean L2 norm of the rows of `noise` (N, *shape); with `weight` (N,) 0/1 keeping at least
+    one row, of the rows it keeps (a weighted mean: no device sync, unlike selecting the rows)."""
+    norms = noise.flatten(1).norm(dim=1)  # (N,)
+    return norms.mean() if weight is None else (norms * weight).sum() / weight.sum()
+
+
+def inverse_norm_penalty(noise: torch.Tensor, eps: float = 1e-8,
+                         weight: torch.Tensor | None = None) -> torch.Tensor:
+    """B.4's penalty: the multiplicative inverse of the batch's mean pi-noise norm (L2 per sample);
+    `weight`: which rows count (see :func:`mean_norm`)."""
+    return 1.0 / (mean_norm(noise, weight) + eps)
+
+
+def _selection_is_free(device: torch.device) -> bool:
+    """Whether picking rows by a mask costs no device sync (host tensors): there the used noises
+    are picked (bitwise the numbers of earlier runs); on an accelerator they are weighted."""
+    return device.type == "cpu"
 
 
 class PiNDA(Augmentation):
@@ -155,17 +170,32 @@ class PiNDA(Augmentation):
         for v, m in zip(batch.views, mask):
             noise = self.generator.sample(mu, scale)  # (B, *shape)
             views.append(torch.where(m.view(-1, *[1] * (v.dim() - 1)), batch.x + noise, v))
-            noises.append(noise[m])
-        used = torch.cat(noises)
-        if used.shape[0] == 0:  # no slot drew PiNDA this step: the penalty has nothing to measure
-            used = noise
+            noises.append(noise)
+        # the noises the views used (the penalty's and the diagnostics' sample), no device sync
+        weight = None
+        if self.pair:  # Alg. 1: slot 0 always, no other slot
+            used = noises[0]
+        elif _selection_is_free(batch.x.device):
+            used = torch.cat([z[m] for z, m in zip(noises, mask)])
+            if used.shape[0] == 0:  # no slot drew PiNDA: the penalty has nothing to measure
+                used = noise
+        else:  # every slot's noise, weight 1 where the slot drew PiNDA (last slot's if none did)
+            used = torch.cat(noises)  # (V B, *shape)
+            weight = mask.flatten().to(noise.dtype)  # (V B,)
+            last = torch.zeros_like(mask)
+            last[-1] = True
+            weight = torch.where(weight.sum() > 0, weight, last.flatten().to(weight.dtype))
         with torch.no_grad():
-            self.meter.add("noise_norm", used.flatten(1).norm(dim=1).mean())  # mean ||noise|| per sample
+            self.meter.add("noise_norm", mean_norm(used, weight))  # mean ||noise|| per sample
             self.meter.add("sigma_mean", scale.mean())  # mean Sigma (or u) per element
             self.meter.add("rate", mask.float().mean())  # fraction of view slots that were x + noise
-        return batch.with_views(views, pinda_noise=used)
+        extra = {"pinda_noise": used} if weight is None else {"pinda_noise": used,
+                                                              "pinda_weight": weight}
+        return batch.with_views(views, **extra)
 
     def loss_terms(self, batch: Batch, out: Outputs, method, info: StepInfo) -> dict[str, torch.Tensor]:
         if not self.cfg.pinda.penalty:
             return {}
-        return {"pinda_penalty": self.cfg.pinda.penalty * inverse_norm_penalty(batch.extra["pinda_noise"])}
+        noise, weight = batch.extra["pinda_noise"], batch.extra.get("pinda_weight")
+        penalty = self.cfg.pinda.penalty * inverse_norm_penalty(noise, weight=weight)
+        return {"pinda_penalty": penalty}

@@ -23,6 +23,7 @@ class RandomNoise(Augmentation):
     """Random Noise (B.2): views x + N(0, 1) after rescaling each feature to unit scale."""
 
     name = "random_noise"
+    modalities = ("vector",)  # a non-vision baseline (PiNDA B.2)
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
@@ -42,6 +43,7 @@ class SimCL(Augmentation):
     """SimCL (B.2): h + eta ||h|| n / ||n||, n ~ N(0, I), between backbone and projector."""
 
     name = "simcl"
+    modalities = ("vector",)  # a non-vision baseline (PiNDA B.2)
 
     def perturb_features(self, h: torch.Tensor, info: StepInfo | None) -> torch.Tensor | None:
         if not self.training:
@@ -54,6 +56,7 @@ class CLAE(Augmentation):
     """CLAE: the last view replaced by its adversarial example, which increases the contrastive loss."""
 
     name = "clae"
+    modalities = ("vector",)  # a non-vision baseline (PiNDA B.2)
 
     def adversarial(self, v1: torch.Tensor, v2: torch.Tensor, method, info: StepInfo) -> torch.Tensor:
         """v1 + delta, ||delta||_inf <= eps, ascending NT-Xent of the online projections against v2 (as

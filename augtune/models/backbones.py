@@ -103,3 +103,45 @@ def build_backbone(cfg, modality: str, shape: tuple[int, ...]) -> nn.Module:
     if name.startswith("resnet"):
         return cifar_resnet(int(name[6:]), shape[0], cfg.norm)
     raise ValueError(f"model.backbone: unknown backbone {name!r}")
+
+
+def mlp_params(in_dim: int, hidden: int, out: int, norm: str) -> int:
+    """Linear(in, hidden) [+ BatchNorm] -> Linear(hidden, out): a head's parameters."""
+    return in_dim * hidden + hidden + (2 * hidden if norm == "batch" else 0) + hidden * out + out
+
+
+def backbone_parameters(cfg, modality: str, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(parameters, out_dim) of the backbone `build_backbone(cfg, modality, shape)` builds, counted
+    from the config in Python integers (no overflow, nothing allocated): a width of 10^12 is a
+    number here, not a 36 TB allocation."""
+    name = resolve_backbone(cfg.backbone, modality, shape)
+    batch = cfg.norm == "batch"
+    if name == "mlp":
+        total, dim = 0, math.prod(shape)
+        for _ in range(cfg.num_layers - 1):
+            total += dim * cfg.hidden_dim + cfg.hidden_dim + (2 * cfg.hidden_dim if batch else 0)
+            dim = cfg.hidden_dim
+        return total + dim * cfg.embed_dim + cfg.embed_dim, cfg.embed_dim
+    if name == "cnn":
+        total, c_in = 0, shape[0]
+        for i in range(4):
+            c_out = cfg.width * 2**i
+            total += 9 * c_in * c_out + (2 * c_out if batch else c_out)
+            c_in = c_out
+        return total, c_in
+    if name.startswith("resnet") and modality == "image":  # fixed: counted on the meta device
+        with torch.device("meta"):
+            net = cifar_resnet(int(name[6:]), shape[0], cfg.norm)
+        return sum(p.numel() for p in net.parameters()), net.out_dim
+    return 0, 0  # refused by build_backbone with its own message
+
+
+def model_parameters(cfg, modality: str, shape: tuple[int, ...], predictor: bool = False) -> int:
+    """Parameters of the backbone and projector (and, with `predictor`, BYOL's and SimSiam's
+    predictor) that `cfg` (a ModelConfig) gives on inputs of `shape`: the networks every method
+    builds, counted before any is built (:func:`backbone_parameters`)."""
+    total, out_dim = backbone_parameters(cfg, modality, shape)
+    total += mlp_params(out_dim, cfg.proj_hidden_dim, cfg.proj_dim, cfg.norm)
+    if predictor:
+        total += mlp_params(cfg.proj_dim, cfg.pred_hidden_dim, cfg.proj_dim, cfg.norm)
+    return total

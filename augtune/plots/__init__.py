@@ -112,6 +112,14 @@ class Run:
             if self.checkpoint is None:
                 raise PlotError(f"{self.path}: no {CHECKPOINT_FILE} here or in a checkpoint_* folder; "
                                 "this figure needs the trained networks")
+            from augtune.checks import check_config
+
+            try:
+                check_config(self.cfg)  # a name no registry knows now (a base, a method, a metric)
+            except ValueError as e:
+                raise PlotError(
+                    f"{self.path / RECORD_FILE}: the recorded config is not valid: {e}"
+                ) from None
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             torch.manual_seed(self.cfg.train.seed)
             method = build_method(self.cfg, self.data)
@@ -191,7 +199,24 @@ def load_run(path: Path) -> Run:
         record = read_record(folder)
     except ValueError as e:
         raise PlotError(str(e)) from None
+    check_record(folder / RECORD_FILE, record)
     return Run(folder, record, _newest_checkpoint(folder, record))
+
+
+def check_record(path: Path, record: dict) -> None:
+    """A record a figure can be drawn from: its config valid as a config file would be (a
+    hand-edited or foreign record is one line naming the file and the key, not a traceback from
+    deep in a figure), and the run's method and seed, which name the figure's files."""
+    if not isinstance(record.get("config"), dict):
+        raise PlotError(f"{path}: the record holds no config (a mapping under \"config\")")
+    try:
+        from_dict(record["config"])
+    except ValueError as e:  # ConfigError: one line naming the key
+        raise PlotError(f"{path}: the recorded config is not valid: {e}") from None
+    for key, kind, what in (("method", str, "a string"), ("seed", int, "an integer")):
+        if type(record.get(key)) is not kind:
+            raise PlotError(f"{path}: the record's {key!r} should be {what}, got "
+                            f"{str(record.get(key))[:40]!r}")
 
 
 def find_runs(paths: list[Path]) -> list[Run]:

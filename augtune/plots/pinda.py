@@ -57,15 +57,19 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         if mu is not None:
             rows.append(("μ", mu, True))
         rows += [("noise ε", noise, True), ("x + ε", x + noise, False)]
-        fig, axes = plt.subplots(
-            len(rows), len(cols), figsize=(1.3 * len(cols), 1.4 * len(rows)), squeeze=False
-        )
+        # a narrow last column holds each row's colour bar: taken from the images' own axes, as
+        # `colorbar(ax=...)` does, it sat on top of the last column's image once laid out
+        n = len(cols)
+        fig, axes = plt.subplots(len(rows), n + 1, figsize=(1.3 * n + 0.5, 1.4 * len(rows)), squeeze=False,
+                                 gridspec_kw={"width_ratios": [1.0] * n + [0.08]})
         for r, (title, imgs, symmetric) in enumerate(rows):
             vmax = float(imgs.abs().max().clamp_min(1e-8))  # one scale per row, so its colour bar is true
-            shown = [_show(axes[r, c], imgs[c], symmetric, vmax) for c in range(len(cols))]
+            shown = [_show(axes[r, c], imgs[c], symmetric, vmax) for c in range(n)]
             axes[r, 0].set_ylabel(title, fontsize=9)
-            if x.shape[1] == 1:  # a colour bar per row (RGB maps have none: grey is 0, the extremes +-vmax)
-                fig.colorbar(shown[-1], ax=list(axes[r]), fraction=0.03, pad=0.02)
+            if x.shape[1] == 1 and symmetric:  # RGB maps have none: grey is 0, the extremes +-vmax
+                fig.colorbar(shown[-1], cax=axes[r, n])
+            else:  # images are on [0, 1]
+                axes[r, n].axis("off")
         fig.suptitle(f"{run.label}: π-noise (‖ε‖ mean {noise.flatten(1).norm(dim=1).mean():.2f})", fontsize=9)
         written.append(save(fig, out / f"pinda_noise_{run_stem(run)}.png"))
     return written

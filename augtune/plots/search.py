@@ -98,8 +98,10 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             written += _draw(study, varying, metric, stem, out)
     if not written:
         raise PlotError("nothing to draw: " + "; ".join(skipped))
-    if skipped:
-        warnings.warn("not drawn: " + "; ".join(skipped), PlotWarning, stacklevel=2)
+    if skipped:  # one short line: each reason can list many parameters
+        names = ", ".join(s.split(":", 1)[0] for s in skipped)
+        warnings.warn(f"not drawn for {len(skipped)} search(es) with fewer than two trials or nothing "
+                      f"varied: {names[:300]}", PlotWarning, stacklevel=2)
     return written
 
 

@@ -1,10 +1,13 @@
 """Planning, launching, resuming and inspecting searches (Ray Tune + Optuna + schedulers).
 
-`plan` checks everything before Ray starts; `searchers` turns a space into Tune/Optuna search
-algorithms; `launch` runs, resumes and repeats on Ray; `compare` runs the methods head to head;
-`status` reads a search folder without Ray.
+`plan` checks everything before Ray starts; `experiment` owns an experiment folder (names, lock, plan
+file, Optuna's journal, trust); `searchers` turns a space into Tune/Optuna search algorithms;
+`launch` is the one driver that starts and resumes searches and compares on Ray; `compare` plans the
+methods head to head; `tune_internals` is the one door to Ray's and Optuna's private names; `status`
+reads a search folder without Ray.
 """
-from augtune.search.launch import SearchFailed, SearchInterrupted, resume_search, run_search
+from augtune.search.experiment import SearchFailed, SearchInterrupted
+from augtune.search.launch import resume_search, run_search
 from augtune.search.plan import SearchPlan, load_plan, plan_config, plan_search
 
 __all__ = ["SearchFailed", "SearchInterrupted", "SearchPlan", "load_plan", "plan_config", "plan_search",

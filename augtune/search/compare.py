@@ -16,7 +16,7 @@ entrant's best configuration on the shared seeds (`augtune.search.repeat`), whos
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,12 +25,9 @@ import yaml
 from augtune.config import Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, SEARCH_FILE
 
-PAPER_METHODS = ("pinda", "nrcc", "cocor", "diffaug")
-VECTOR_BASELINES = ("random_noise", "simcl", "clae")  # PiNDA's non-vision baselines (App. B.2)
+SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
 # keys the protocol holds equal for every entrant: no space may vary them
 HELD = ("method.base", "method.augment", "train.epochs", "train.batch_size", "train.seed")
-# the registered space of each paper's method; the base alone and the baselines search the base's space
-OWN_SPACE = {"pinda": "pinda", "nrcc": "nrcc", "cocor": "cocor", "diffaug": "diffaug"}
 
 
 @dataclass(frozen=True)
@@ -44,23 +41,35 @@ class Entrant:
 
     @property
     def space(self) -> str:
-        return OWN_SPACE.get(self.augment[0], self.base) if self.augment else self.base
+        """The registered space the entrant searches: its augmentation's own, else its base's."""
+        from augtune.spaces import SPACES
+
+        if self.augment and self.augment[0] in SPACES:
+            return self.augment[0]
+        return self.base
+
+
+def applicable(modality: str) -> tuple[str, ...]:
+    """The registered augmentations that apply to data of `modality`, in the registry's order."""
+    from augtune.methods import AUGMENTATIONS, modalities
+
+    return tuple(name for name in AUGMENTATIONS if modality in modalities(name))
 
 
 def entrants(cfg: Config, modality: str) -> list[Entrant]:
-    """The entrants of `cfg.compare` on data of `modality` (`image` or `vector`), bases first."""
+    """The entrants of `cfg.compare` on data of `modality` (`image` or `vector`), bases first: every
+    registered augmentation that applies to it unless `compare.methods` names some."""
+    from augtune.methods import AUGMENTATIONS, modalities
+
     c = cfg.compare
     bases = c.bases or (cfg.method.base,)
-    applies = ("base", *PAPER_METHODS, *(VECTOR_BASELINES if modality == "vector" else ()))
-    wanted = c.methods or applies
-    unknown = [m for m in wanted if m not in ("base", *PAPER_METHODS, *VECTOR_BASELINES)]
-    if unknown:
-        raise ConfigError(f"compare.methods: unknown {unknown[0]!r} (known: base, "
-                          f"{', '.join((*PAPER_METHODS, *VECTOR_BASELINES))})")
-    if modality != "vector" and any(m in VECTOR_BASELINES for m in wanted):
-        bad = next(m for m in wanted if m in VECTOR_BASELINES)
-        raise ConfigError(f"compare.methods: {bad} is one of PiNDA's non-vision baselines; this data "
-                          "set gives images")
+    wanted = c.methods or ("base", *applicable(modality))
+    for m in wanted:
+        if m != "base" and m not in AUGMENTATIONS:
+            raise ConfigError(f"compare.methods: unknown {m!r} (known: base, {', '.join(AUGMENTATIONS)})")
+        if m != "base" and modality not in modalities(m):
+            raise ConfigError(f"compare.methods: {m} applies to {' and '.join(modalities(m))} data; this "
+                              f"data set gives {modality}s")
     return [Entrant(b, () if m == "base" else (m,)) for b in bases for m in wanted]
 
 
@@ -69,10 +78,9 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
     held keys out of the space, the best configuration repeated on the shared seeds."""
     c = cfg.compare
     seeds = [cfg.train.seed + i for i in range(1, c.seeds + 1)]
-    hold = [*HELD, *(("cocor.pool",) if "cocor" in entrant.augment and cfg.dataset.as_vectors else ())]
     values = {
         "method.base": entrant.base, "method.augment": list(entrant.augment),
-        "search.space": entrant.space, "search.hold": hold, "search.algorithm": "optuna",
+        "search.space": entrant.space, "search.hold": list(HELD), "search.algorithm": "optuna",
         "search.num_samples": c.trials, "search.metric": c.metrics[0], "search.mode": "max",
         "search.scheduler": c.scheduler,
         "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
@@ -86,50 +94,75 @@ class ComparePlan:
     experiment: str  # the experiment folder
     plans: tuple  # one SearchPlan per entrant, in order
     labels: tuple[str, ...]
+    modality: Optional[str] = None
 
     def save(self) -> None:
-        folder = Path(self.experiment)
-        folder.mkdir(parents=True, exist_ok=True)
-        data = {"config": to_dict(self.cfg), "entrants": list(self.labels)}
-        (folder / COMPARE_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+        from augtune.search.storage import write_bytes
+
+        data = {"config": to_dict(self.cfg), "entrants": list(self.labels), "modality": self.modality}
+        write_bytes(self.experiment, COMPARE_FILE, yaml.safe_dump(data, sort_keys=False).encode())
 
 
 def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address: Optional[str] = None,
-                 dashboard: bool = False, figure_kinds=None) -> ComparePlan:
+                 dashboard: bool = False, figure_kinds=None, data=None) -> ComparePlan:
     """Every entrant's search planned (and so checked) before Ray starts or anything is written. The data
     set is the caller's to check (it has loaded it to learn its `modality`): every entrant's is the same,
     so it is not loaded again for each."""
     from augtune.search import plan_config
+    from augtune.search.plan import fit_size
 
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
+    if cfg.train.seed + cfg.compare.seeds > SEED_MAX:
+        raise ConfigError(f"train.seed: {cfg.train.seed} + compare.seeds ({cfg.compare.seeds}) passes "
+                          f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     experiment = f"{storage.rstrip('/')}/{name}"
     plans = []
     for e in entrants(cfg, modality):
-        plans.append(plan_config(entrant_config(cfg, e), storage=experiment, name=e.label, address=address,
+        entrant = entrant_config(cfg, e)
+        if data is not None:  # each entrant's networks within memory, its knn_k below the samples
+            from augtune.checks import check_against_data
+
+            check_against_data(entrant, data)
+        plans.append(plan_config(entrant, storage=experiment, name=e.label, address=address,
                                  dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
-                                 check_data=False))
-    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans))
+                                 check_data=False, modality=modality,
+                                 n_train=None if data is None else fit_size(data)))
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality)
 
 
-def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
-                callbacks: Optional[list] = None) -> None:
-    """Every entrant's search, then the repeat of every entrant's best configuration on the shared seeds,
-    in one Ray experiment (`search/`; `augtune.search.repeat`), started or resumed. Only the repeat's runs
-    of the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
+def describe_compare(plan: ComparePlan) -> list[str]:
+    """What a compare would run, a line each (`augtune compare --plan`): its entrants (each a search, as
+    `plan.describe` says), the shared seeds and the totals."""
+    from augtune.search.plan import describe, trials_of
+
+    c = plan.cfg.compare
+    seeds = list(plan.plans[0].cfg.search.repeat_best.seeds)
+    epochs = plan.plans[0].cfg.train.epochs
+    lines = [f"{len(plan.labels)} entrants on {plan.modality or 'the'} data: {', '.join(plan.labels)}; "
+             f"{c.trials} trials each, then each entrant's best on seeds {seeds}; metrics "
+             f"{', '.join(c.metrics)}"]
+    trials = 0
+    for p in plan.plans:
+        lines += describe(p, repeat_runs=len(seeds))
+        trials += trials_of(p)
+    runs = trials + len(seeds) * len(plan.plans)
+    lines.append(f"in all: {trials} search trials and {len(seeds) * len(plan.plans)} repeat runs, at most "
+                 f"{runs * epochs} epochs")
+    return lines
+
+
+def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] = None):
+    """The one Tune run of a compare (`search/`): every entrant's search, then the repeat of every
+    entrant's best configuration on the shared seeds (`augtune.search.repeat`). Only the repeat's runs of
+    the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
     shows."""
     from ray import tune
 
-    from augtune.search.launch import (Lock, _clear_lost_start, _optuna_storage, _run_config, _save_plan,
-                                       connect, finish, search_algorithm)
-    from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
-    from augtune.search.plan import concurrency, trial_resources
-    from augtune.search.recovery import prepare_restore
-    from augtune.search.searchers import restorable, scheduler, searcher
-    from augtune.spaces import resolve_space
+    from augtune.search.launch import TuneRun, run_config, search_algorithm
+    from augtune.search.plan import trial_resources
     from augtune.trainables.ray_trainable import tune_entrant_trial
 
-    plan.save()
     first = plan.plans[0]
     cfg = first.cfg
     path = f"{plan.experiment}/{COMPARE_SEARCH}"
@@ -142,49 +175,65 @@ def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_comple
                              tune_run=path),
         trial_resources(cfg),
     )
-    total = sum(p.cfg.search.num_samples for p in plan.plans)
-    with Lock(plan.experiment):
-        conc = concurrency(cfg, connect(cfg, first.address, first.dashboard))
-        if tune.Tuner.can_restore(path):
-            prepare_restore(path)
-            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            entrants, schedulers = {}, {}
-            for p in plan.plans:
-                if Path(p.experiment).is_dir():  # killed before Tune saved anything: its study starts again
-                    _clear_lost_start(p)
-                _save_plan(p)
-                algorithm, constants = searcher(p.cfg, resolve_space(p.cfg.search), _optuna_storage(p))
-                entrants[p.name] = (restorable(algorithm, conc), constants, p.cfg.search.num_samples)
-                own = scheduler(p.cfg)
-                if own is not None:
-                    schedulers[p.name] = own
-            log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
-                f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then each entrant's best on "
-                f"{len(cfg.search.repeat_best.seeds)} seeds")
-            search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), BestOfEach.of(plan), conc,
-                                                 EntrantsScheduler(schedulers))
-            tuner = tune.Tuner(
-                trainable,
-                param_space={},
-                tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
-                                            search_alg=search_alg, scheduler=sched, num_samples=total,
-                                            reuse_actors=True),
-                run_config=_run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
-                                       repeats),
-            )
-        finish(tuner, plan.experiment)
+
+    def prepare() -> None:
+        from augtune.search.experiment import clear_lost_start, save_plan
+
+        plan.save()
+        for p in plan.plans:
+            clear_lost_start(p)  # a driver killed before Tune saved anything: its study starts again
+            save_plan(p)
+
+    def start(conc: int, log: Callable[[str], None]):
+        from augtune.search.experiment import optuna_storage
+        from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
+        from augtune.search.searchers import scheduler, searcher
+        from augtune.search.tune_internals import restorable
+        from augtune.spaces import resolve_space
+
+        entrants, schedulers = {}, {}
+        for p in plan.plans:
+            algorithm, constants = searcher(p.cfg, resolve_space(p.cfg.search, p.modality), optuna_storage(p))
+            entrants[p.name] = (restorable(algorithm, conc), constants, p.cfg.search.num_samples)
+            own = scheduler(p.cfg)
+            if own is not None:
+                schedulers[p.name] = own
+        log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
+            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then each entrant's best on "
+            f"{len(cfg.search.repeat_best.seeds)} seeds")
+        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), BestOfEach.of(plan), conc,
+                                             EntrantsScheduler(schedulers))
+        total = sum(p.cfg.search.num_samples for p in plan.plans)
+        return tune.Tuner(
+            trainable,
+            param_space={},
+            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
+                                        search_alg=search_alg, scheduler=sched, num_samples=total,
+                                        reuse_actors=True),
+            run_config=run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders, repeats),
+        )
+
+    return TuneRun(plan.experiment, path, cfg, trainable, prepare, start, first.address, first.dashboard,
+                   (*folders.values(), repeats))
+
+
+def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
+                callbacks: Optional[list] = None, trust: bool = False) -> None:
+    """Start a compare, or continue it where Tune's saved state left it (`augtune resume`)."""
+    from augtune.search.launch import drive
+
+    drive(compare_run(plan, on_completed, callbacks), log, trust=trust)
 
 
 def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
     """The best search trial's parameters, from the records on disk: the last value of `metric` each
     trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them."""
-    import json
+    from augtune.records import read_record
 
     best, best_value = None, None
     for path in sorted(folder.glob("*/record.json")):
         try:
-            record = json.loads(path.read_text())
+            record = read_record(path)
         except (OSError, ValueError):
             continue
         values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
@@ -197,15 +246,16 @@ def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
 
 def epoch_seconds(folder: Path) -> float:
     """The median training time of an epoch over a search's trials (0 when none has reported one)."""
-    import json
     import statistics
+
+    from augtune.records import read_record
 
     times = []
     for path in folder.glob("*/record.json"):
         try:
-            times += [e["epoch_time_s"] for e in json.loads(path.read_text()).get("epochs", [])
+            times += [e["epoch_time_s"] for e in read_record(path).get("epochs", [])
                       if isinstance(e.get("epoch_time_s"), (int, float))]
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError):
             continue
     return statistics.median(times) if times else 0.0
 
@@ -269,7 +319,7 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
     """The plan of an experiment folder that `augtune compare` wrote (for `augtune resume`)."""
     from augtune.config import safe_load
     from augtune.search import load_plan
-    from augtune.search.launch import check_trusted
+    from augtune.search.experiment import check_trusted
 
     folder = Path(exp_dir).expanduser().resolve()
     check_trusted(str(folder))  # its entrants' and its repeat's Tune state is unpickled on resume
@@ -278,6 +328,7 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
         data = safe_load(file.read_text(encoding="utf-8"), str(file))
         cfg = from_dict(data["config"])
         labels = tuple(str(x) for x in data["entrants"])
+        modality = data.get("modality") if data.get("modality") in ("image", "vector") else None
     except (OSError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{file}: cannot be read ({type(e).__name__})") from None
     plans = []
@@ -289,10 +340,10 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
     if any(p is None for p in plans):  # an entrant never started: plan it again from the saved config
         from augtune.data import load_dataset
 
-        fresh = plan_compare(cfg, load_dataset(cfg.dataset).modality, storage=str(folder.parent),
-                             name=folder.name, address=address)
+        modality = modality or load_dataset(cfg.dataset).modality
+        fresh = plan_compare(cfg, modality, storage=str(folder.parent), name=folder.name, address=address)
         plans = [p if p is not None else f for p, f in zip(plans, fresh.plans)]
-    return replace(ComparePlan(cfg, str(folder), tuple(plans), labels))
+    return ComparePlan(cfg, str(folder), tuple(plans), labels, modality)
 
 
 def is_compare(exp_dir: str) -> bool:

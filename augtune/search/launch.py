@@ -1,55 +1,70 @@
-"""`augtune search` and `augtune resume` on Ray: connect, run, resume, repeat the best.
+"""The one driver of `augtune search`, `augtune compare` and `augtune resume`: connect, start or resume.
 
+An experiment is one Tune run (`TuneRun`): a search's trials and the repeat of its best, or every
+entrant's search of a compare and the repeat of each entrant's best (`augtune.search.compare`). `drive`
+runs it, new or restored, through the same steps: the folder's lock, Ray, then `Tuner.restore` when
+Tune saved a state there (`augtune resume`, or a compare started again) or a new Tuner, and `finish`.
 The plan (`augtune.search.plan`) has checked everything before this module starts Ray. Here:
 
-- a local Ray runs with Ray's token authentication (a local search refuses RAY_AUTH_MODE=disabled),
-  its dashboard and metrics exporter off unless asked (see `connect` for what still listens);
-- one search per experiment folder at a time (a lock file with the owner's pid and host);
+- a local Ray listens on loopback only (`hold_to_loopback`) and runs with Ray's token authentication (a
+  local search refuses RAY_AUTH_MODE=disabled), its dashboard and metrics exporter off unless asked;
+  failing to start, it is tried once more, then `RayStartFailed` says why in one line;
+- a restored run's pickled state is verified first (`augtune.search.trust`), runs Tune never saved are
+  settled (`recovery.settle_lost_records`), and a finished one is marked (`experiment.mark_finished`);
+- one driver per experiment folder at a time (`experiment.Lock`);
 - a search and the repeat of its best are one Tune run (`augtune.search.repeat`), whose trial processes
   are reused across all its trials (`reuse_actors`; each trial resets the global state it could inherit:
   `trainables.ray_trainable.isolate_trial`): the repeat starts no process and no cluster again;
-- Optuna keeps its study in the experiment folder (`optuna.journal`, Optuna's journal file), so
-  optuna-dashboard and Optuna's plots open it, and a resumed search continues the same study;
+- Optuna keeps its study in the experiment folder (`experiment.optuna_storage`), so optuna-dashboard
+  and Optuna's plots open it, and a resumed search continues the same study;
 - an interrupted search (Ctrl-C) stops with its trials checkpointed and never repeats the best of a
   partial search: `SearchInterrupted` says how to resume; a search whose every trial failed raises
   `SearchFailed` with the first trial's reason.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml
-
 from augtune.config import Config, ConfigError, to_dict
-from augtune.records import REPEAT_DIR, SEARCH_FILE, process_started
+from augtune.records import REPEAT_DIR, SEARCH_FILE
+from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
+                                       clear_lost_start, exists, mark_finished, optuna_storage,
+                                       save_plan)
 from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
-from augtune.search.recovery import prepare_restore
+from augtune.search.recovery import prepare_restore, settle_lost_records
+from augtune.search.storage import is_uri
 
-LOCK_FILE = ".augtune.lock"
-OPTUNA_FILE = "optuna.journal"  # Optuna's study: optuna.load_study(study_name="augtune", storage=...)
-LOG_FILE = "augtune.log"  # Ray's and Tune's own messages (augtune -v shows them on the console)
 FINISHED = ("TERMINATED", "ERROR")
+# Ray's node address is 127.0.0.1 when this is 0 (ray_constants reads it when Ray is imported): every
+# server of a local Ray (GCS, raylets, workers, driver, agents, metrics) then listens on loopback only
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# how long a raylet waits for its agent to register (Ray's default 15 s; a busy machine's agent can take
+# longer, and the raylet then aborts): the second try at starting a local Ray waits a minute
+AGENT_TIMEOUT_ENV, AGENT_TIMEOUT_MS = "RAY_agent_register_timeout_ms", "60000"
 TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1"  # see `connect`
+__all__ = ["RayStartFailed", "SearchFailed", "SearchInterrupted", "TuneRun", "connect", "drive", "finish",
+           "hold_to_loopback", "resume_search", "run_config", "run_search", "search_algorithm"]
 
 
-class SearchInterrupted(RuntimeError):
-    """The search stopped before every trial finished (Ctrl-C); its state is saved."""
-
-    def __init__(self, experiment: str):
-        super().__init__(f"interrupted; finished trials are kept. Continue with: augtune resume {experiment}")
-        self.experiment = experiment
-
-
-class SearchFailed(RuntimeError):
-    """Every trial of the search failed; the message is the first one's reason."""
+class RayStartFailed(RuntimeError):
+    """A local Ray did not start (twice), or a cluster could not be joined: one line saying why."""
 
 
 # -- Ray ---------------------------------------------------------------------------------------------
+
+def hold_to_loopback(address: str | None) -> bool:
+    """Keep a local Ray on 127.0.0.1 (call before Ray is first imported): with no cluster to join and
+    the variable unset, Ray's cluster mode goes off (LOOPBACK_ENV=0), in which its node address is the
+    loopback one and nothing listens on another interface. Never with `--address`: a cluster's nodes
+    must reach this driver. Whether it was set here."""
+    if address or LOOPBACK_ENV in os.environ:
+        return False
+    os.environ[LOOPBACK_ENV] = "0"
+    return True
+
 
 def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str, float]:
     """Start a local Ray (sized for at least one trial, on loopback) or join a cluster; its resources."""
@@ -57,6 +72,7 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # the metric is reported where read
     # with verbose=0: no Tune tables, augtune's lines instead
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    hold_to_loopback(address)  # too late if Ray is imported already: the CLI calls it first thing
     import ray
 
     if ray.is_initialized():
@@ -75,10 +91,8 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
     else:
         # "local": a Ray of its own, never one that ray.init() would otherwise find on this machine
         # (another search's, or the one /tmp/ray/ray_current_cluster names); RAY_ADDRESS still wins.
-        # Ray 2.60 cannot be held to loopback: it replaces a node address of 127.0.0.1 by the machine's
-        # own (services.resolve_ip_for_localhost), and its gRPC servers listen on every interface. What
-        # guards them is its token authentication (the default since 2.59), which a local search keeps
-        # on; the metrics exporter, which answers without a token, is off.
+        # It listens on loopback only (`hold_to_loopback`) and keeps token authentication (the default
+        # since 2.59) on; the metrics exporter, which answers without a token, is off.
         import math
 
         check_local_auth()
@@ -92,13 +106,36 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
     if address:
         kwargs["runtime_env"]["env_vars"] = env
     handlers = list(logging.getLogger("ray").handlers)
-    ray.init(**kwargs)
+    start_ray(ray, kwargs, address)
     ray_logger = logging.getLogger("ray")
     ray_logger.setLevel(logging.INFO)
     for h in handlers:  # ray.init replaces the handlers: the log file's comes back
         if h not in ray_logger.handlers:
             ray_logger.addHandler(h)
     return ray.cluster_resources()
+
+
+def start_ray(ray, kwargs: dict, address: str | None) -> None:
+    """`ray.init(**kwargs)`; a local Ray that fails to start is tried once more with its agent given a
+    minute to register (a busy machine), then RayStartFailed says why in one line."""
+    def why(e: BaseException) -> str:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+
+    try:
+        ray.init(**kwargs)
+        return
+    except Exception as e:  # Ray raises several kinds when a process of it does not come up
+        if address:
+            raise RayStartFailed(f"cannot join the Ray cluster at {address} ({why(e)})") from None
+        first = why(e)
+    ray.shutdown()
+    os.environ.setdefault(AGENT_TIMEOUT_ENV, AGENT_TIMEOUT_MS)
+    try:
+        ray.init(**kwargs)
+    except Exception as e:
+        ray.shutdown()
+        raise RayStartFailed(f"Ray did not start, twice ({first}; then {why(e)})") from None
 
 
 def train_env() -> dict[str, str]:
@@ -111,15 +148,15 @@ def train_env() -> dict[str, str]:
 
 
 def check_local_auth() -> None:
-    """A local search's Ray keeps token authentication: its servers listen on the machine's address."""
+    """A local search's Ray keeps token authentication: every local user can reach loopback."""
     mode = os.environ.get("RAY_AUTH_MODE", "token").lower()
     if mode != "token":
-        raise ConfigError(f"RAY_AUTH_MODE={mode}: a local search runs Ray with token authentication (its "
-                          "servers listen on this machine's address); unset it, or run `ray start` yourself "
-                          "and pass --address")
+        raise ConfigError(f"RAY_AUTH_MODE={mode}: a local search runs Ray with token authentication (any "
+                          "user of this machine can reach its loopback ports); unset it, or run `ray start` "
+                          "yourself and pass --address")
 
 
-def _trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
+def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
     """The trainable of a search's Tune run: its trials keep their records in the experiment folder (or
     URI), its repeat runs in `repeat_best/` of it; the repeat runs draw the end-of-run figures when there
     is a repeat phase, else the search's trials do (a figure per trial, NRCC's UMAP say, costs seconds to
@@ -137,7 +174,7 @@ def _trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
     return tune.with_resources(trainable, trial_resources(plan.cfg))
 
 
-def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
+def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
                 repeats: Optional[str] = None):
     """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
     a compare's entrants' searches, the repeat runs (`SettleRecords`). A compare's Tune run (`folders`
@@ -156,94 +193,6 @@ def _run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: 
     )
 
 
-def _optuna_storage(plan: SearchPlan):
-    """Optuna's journal file in the experiment folder; in cloud storage, a local journal uploaded there
-    after every write (`storage.UploadedJournal`), which `augtune resume URI` downloads on any machine."""
-    if plan.cfg.search.algorithm == "grid":
-        return None
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    from augtune.search.storage import UploadedJournal, is_uri
-
-    if is_uri(plan.experiment):
-        return JournalStorage(UploadedJournal(f"{plan.experiment}/{OPTUNA_FILE}"))
-    return JournalStorage(JournalFileBackend(str(Path(plan.experiment) / OPTUNA_FILE)))
-
-
-def _save_plan(plan: SearchPlan) -> None:
-    data = {"config": to_dict(plan.cfg), "base": plan.base, "name": plan.name, "storage": plan.storage}
-    text = yaml.safe_dump(data, sort_keys=False)
-    if "://" in plan.storage:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(plan.experiment)
-        fs.create_dir(path, recursive=True)
-        with fs.open_output_stream(f"{path}/{SEARCH_FILE}") as f:
-            f.write(text.encode())
-    else:
-        Path(plan.experiment).mkdir(parents=True, exist_ok=True)
-        (Path(plan.experiment) / SEARCH_FILE).write_text(text)
-
-
-# -- one search per folder ----------------------------------------------------------------------------
-
-class Lock:
-    """`<experiment>/.augtune.lock` holding the owner's pid and host, while a search runs there. A lock
-    left by a process that is gone (same host, pid not alive) is taken over; any other is refused."""
-
-    def __init__(self, experiment: str):
-        self.path = None if "://" in experiment else Path(experiment) / LOCK_FILE
-
-    def __enter__(self) -> "Lock":
-        if self.path is None:
-            return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._stale():
-                    owner = self._owner()
-                    raise ConfigError(
-                        f"{self.path.parent}: another search is running there (pid "
-                        f"{owner.get('pid')} on {owner.get('host')}); wait for it or use another "
-                        "--name"
-                    ) from None
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            return self
-        raise ConfigError(f"{self.path}: cannot take the lock")
-
-    def _owner(self) -> dict:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _stale(self) -> bool:
-        owner = self._owner()
-        if owner.get("host") != socket.gethostname():
-            return False  # another machine's search: only its owner knows
-        try:
-            pid = int(owner.get("pid", -1))
-            os.kill(pid, 0)
-        except (ProcessLookupError, ValueError, TypeError, OverflowError):
-            return True
-        except PermissionError:
-            return False
-        started = process_started(pid)  # a live pid that began after the lock was taken is another process
-        return started is not None and isinstance(owner.get("started"), (int, float)) \
-            and started > owner["started"] + 1.0
-
-    def __exit__(self, *exc) -> None:
-        if self.path is not None and self._owner().get("pid") == os.getpid():
-            self.path.unlink(missing_ok=True)
-
-
 # -- running ----------------------------------------------------------------------------------------------
 
 def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
@@ -251,45 +200,50 @@ def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
     (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one), and
     its search algorithm (the object Tune ran, restored or not)."""
     from augtune.search.callbacks import StepStatuses
+    from augtune.search.tune_internals import run_config_of, search_algorithm_of
 
-    run_config = tuner._local_tuner.get_run_config()
-    algorithm = tuner._local_tuner._tune_config.search_alg
-    stepped = next((c for c in run_config.callbacks or [] if isinstance(c, StepStatuses)), None)
+    config = run_config_of(tuner)
+    algorithm = search_algorithm_of(tuner)
+    stepped = next((c for c in config.callbacks or [] if isinstance(c, StepStatuses)), None)
     if stepped is None:
         stepped = StepStatuses()
-        run_config.callbacks = [*(run_config.callbacks or []), stepped]
-    for callback in run_config.callbacks:
+        config.callbacks = [*(config.callbacks or []), stepped]
+    for callback in config.callbacks:
         if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
             callback.phases = algorithm
     return tuner.fit(), stepped.statuses, algorithm
 
 
-def _check_finished(results, experiment: str, stepped: dict[str, str], algorithm) -> None:
-    """Raise SearchInterrupted when trials are left unfinished as Tune's last step left them (`stepped`:
-    an interrupted run's clean-up marks them ended) or the search algorithm has trials still to make,
-    SearchFailed when all of them failed."""
-    trials = list(results._experiment_analysis.trials)
-    unfinished = [
-        t for t in trials if t.status not in FINISHED or stepped.get(t.trial_id, t.status) not in FINISHED
-    ]
-    if unfinished or not algorithm.is_finished():
+def check_finished(results, experiment: str, stepped: dict[str, str], algorithm) -> None:
+    """Raise SearchInterrupted when trials are left unfinished (Tune's `ResultGrid`), or were at Tune's
+    last step (`stepped`: an interrupted run's clean-up marks them ended), or the search algorithm has
+    trials still to make; SearchFailed when all of them failed."""
+    ended = results.num_terminated + results.num_errors
+    if ended < len(results) or any(s not in FINISHED for s in stepped.values()) \
+            or not algorithm.is_finished():
         raise SearchInterrupted(experiment)
-    if trials and all(t.status == "ERROR" for t in trials):
+    if len(results) and results.num_errors == len(results):
         from augtune.search.status import error_line
 
-        first = next((error_line(Path(t.error_file)) for t in trials if t.error_file), "") or "see error.txt"
+        first = next((error_line(Path(r.path) / "error.txt") for r in results
+                      if r.path and not is_uri(r.path)), "")
+        first = first or next((str(e).strip().splitlines()[-1] for e in results.errors if str(e).strip()),
+                              "see error.txt")
         raise SearchFailed(f"every trial of {experiment} failed; the first: {first}")
 
 
-def finish(tuner, experiment: str) -> None:
-    """Run the Tuner of a search and its repeat (new or restored) to its end, or say why it did not end."""
+def finish(tuner, experiment: str) -> Any:
+    """Run the Tuner of a search and its repeat (new or restored) to its end, or say why it did not end;
+    its results (Tune's `ResultGrid`)."""
     from augtune.search.repeat import SearchThenRepeat
+    from augtune.search.tune_internals import search_algorithm_of
 
-    if not isinstance(tuner._local_tuner._tune_config.search_alg, SearchThenRepeat):
+    if not isinstance(search_algorithm_of(tuner), SearchThenRepeat):
         raise ConfigError(f"{experiment}: started by an augtune older than 0.3, whose repeat phase was a "
                           "Tune run of its own; continue it with the augtune version that started it")
     results, stepped, algorithm = _fit(tuner)
-    _check_finished(results, experiment, stepped, algorithm)
+    check_finished(results, experiment, stepped, algorithm)
+    return results
 
 
 def search_algorithm(search, choose, conc: int, scheduler=None):
@@ -303,22 +257,85 @@ def search_algorithm(search, choose, conc: int, scheduler=None):
     return SearchThenRepeat(search, choose, conc), scheduler
 
 
-def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None) -> None:
-    """Launch the search and, when asked, the repeat of its best configurations, in one Tune run
-    (`on_completed`: what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
+@dataclass(frozen=True)
+class TuneRun:
+    """One experiment as Tune runs it: a search (one entrant) or a compare (one per method).
+
+    `prepare()` writes what a new run starts from (its plan files: a folder `augtune resume` takes, even
+    when Ray then fails to start); `start(concurrency, log)` makes the new Tuner; a restored run needs
+    only the trainable (Tune pickled the rest)."""
+
+    experiment: str  # the experiment's folder or URI: the lock and the trust check are here
+    path: str  # Tune's run in it: the experiment itself (a search) or its `search/` (a compare)
+    cfg: Config  # sizes the local Ray and the concurrency
+    trainable: Any
+    prepare: Callable[[], None]
+    start: Callable[[int, Callable[[str], None]], Any]
+    address: Optional[str] = None
+    dashboard: bool = False
+    records: tuple[str, ...] = ()  # the folders its trials' and repeat runs' records are in
+
+
+def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: bool = False,
+          trust: bool = False) -> None:
+    """Run `run` to its end, new or restored (the same steps for search, compare and resume): lock the
+    folder, start or join Ray, restore Tune's saved state when there is one (signed by this user's
+    augtune, `augtune.search.trust`, unless `trust`) or start anew, finish."""
     from ray import tune
 
-    from augtune.search.repeat import RepeatBest
-    from augtune.search.searchers import restorable, scheduler, searcher
-    from augtune.spaces import resolve_space
+    from augtune.search.trust import TUNER_SIGNATURES, sign, verify
 
-    with Lock(plan.experiment):  # before Ray starts: a folder in use is refused at once
-        cluster = connect(plan.cfg, plan.address, plan.dashboard)
-        conc = concurrency(plan.cfg, cluster)
-        _save_plan(plan)
+    with Lock(run.experiment):  # before Ray starts: a folder in use is refused at once
+        restore = tune.Tuner.can_restore(run.path)
+        if restore:
+            from augtune.search.loggers import only_chosen_loggers
+
+            check_trusted(run.experiment)
+            if not trust:
+                verify(run.path, run.experiment)  # before anything of it is unpickled
+            only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with
+            prepare_restore(run.path)
+            sign(run.path)  # what it refilled, and what `trust` vouched for
+            settle_lost_records(run.path, list(run.records))  # runs Tune never saved: made again
+        else:
+            run.prepare()
+        conc = concurrency(run.cfg, connect(run.cfg, run.address, run.dashboard))
+        if restore:
+            log(f"resuming {run.experiment}")
+            tuner = tune.Tuner.restore(run.path, trainable=run.trainable, resume_unfinished=True,
+                                       resume_errored=not restart_errored, restart_errored=restart_errored)
+        else:
+            tuner = run.start(conc, log)
+            sign(run.path, only=["tuner.pkl"], file=TUNER_SIGNATURES)  # Tune wrote it just now
+        if finish(tuner, run.experiment).num_errors == 0:  # a failed trial may still be resumed
+            mark_finished(run.experiment)
+
+
+# -- a search -------------------------------------------------------------------------------------------
+
+def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None) -> TuneRun:
+    """The Tune run of a search and, when asked, the repeat of its best configurations (`on_completed`:
+    what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
+    trainable = search_trainable(plan, on_completed)
+    lost = exists(f"{plan.experiment}/{SEARCH_FILE}")  # resumed, but Tune saved nothing
+
+    def prepare() -> None:
+        clear_lost_start(plan)  # a driver killed before Tune saved anything: its study starts again
+        save_plan(plan)
+
+    def start(conc: int, log: Callable[[str], None]):
+        from ray import tune
+
+        from augtune.search.repeat import RepeatBest
+        from augtune.search.searchers import scheduler, searcher
+        from augtune.search.tune_internals import restorable
+        from augtune.spaces import resolve_space
+
+        if lost:
+            log("no Tune state was saved yet: starting the search from the beginning")
         cfg = plan.cfg
-        algorithm, param_space = searcher(cfg, resolve_space(cfg.search), _optuna_storage(plan))
+        algorithm, param_space = searcher(cfg, resolve_space(cfg.search, plan.modality), optuna_storage(plan))
         rb = cfg.search.repeat_best
         log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
             f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
@@ -327,72 +344,25 @@ def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_complete
         # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
         search_alg, sched = search_algorithm(restorable(algorithm, conc), RepeatBest(to_dict(cfg)), conc,
                                              scheduler(cfg))
-        tuner = tune.Tuner(
-            _trainable(plan, on_completed),
+        return tune.Tuner(
+            trainable,
             param_space=param_space,
             tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
                                         scheduler=sched, num_samples=cfg.search.num_samples,
                                         reuse_actors=True),
-            run_config=_run_config(cfg, plan.name, plan.storage, callbacks or [],
-                                   repeats=f"{plan.experiment}/{REPEAT_DIR}"),
+            run_config=run_config(cfg, plan.name, plan.storage, callbacks or [],
+                                  repeats=f"{plan.experiment}/{REPEAT_DIR}"),
         )
-        finish(tuner, plan.experiment)
+
+    return TuneRun(plan.experiment, plan.experiment, plan.cfg, trainable, prepare, start,
+                   plan.address, plan.dashboard, (plan.experiment, f"{plan.experiment}/{REPEAT_DIR}"))
 
 
-def check_trusted(experiment: str) -> None:
-    """`resume` unpickles Tune's state (`tuner.pkl`, the searcher's): refuse a folder, or files in it, that
-    someone else owns or may write (the search's own folder and every nested Tune experiment's).
-
-    In cloud storage (s3://, gs://) there are no owner or mode bits to read: objects carry neither, and who
-    may write them is the bucket's policy and IAM, which pyarrow cannot query. There the storage's access
-    control is the boundary: whoever may write the experiment's prefix can run code in `augtune resume`
-    (as in Tune's own `Tuner.restore`), so keep it in a bucket only you can write to (README)."""
-    if "://" in experiment:
-        return
-    folder = Path(experiment)
-    state = [p for pattern in ("*.pkl", "*/*.pkl", "*.json") for p in folder.glob(pattern)]
-    for path in [folder, folder / SEARCH_FILE, *(p.parent for p in state), *state]:
-        if not path.exists():
-            continue
-        st = path.stat()
-        if st.st_uid != os.getuid():
-            raise ConfigError(f"{path}: owned by another user (uid {st.st_uid}); resume loads pickled state "
-                              "from this folder, so it must be yours")
-        if st.st_mode & 0o022:
-            raise ConfigError(f"{path}: writable by others; resume loads pickled state from this folder, so "
-                              f"it must be yours alone (chmod go-w {path})")
+def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None, restart_errored: bool = False, trust: bool = False) -> None:
+    """Start a search, or continue it where Tune's saved state left it (`augtune resume`): finish the
+    search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
+    drive(search_run(plan, on_completed, callbacks), log, restart_errored, trust)
 
 
-def resume_search(plan: SearchPlan, restart_errored: bool = False, log: Callable[[str], None] = print,
-                  on_completed: Optional[Callable] = None, callbacks: Optional[list] = None) -> None:
-    """Finish the search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
-    from ray import tune
-
-    from augtune.search.loggers import only_chosen_loggers
-
-    check_trusted(plan.experiment)
-    only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with
-    if not tune.Tuner.can_restore(plan.experiment):  # killed before Tune saved anything: start again
-        with Lock(plan.experiment):  # a search running there right now keeps its study
-            _clear_lost_start(plan)
-        log("no Tune state was saved yet: starting the search from the beginning")
-        return run_search(plan, log, on_completed, callbacks)
-    with Lock(plan.experiment):
-        prepare_restore(plan.experiment)
-        connect(plan.cfg, plan.address, plan.dashboard)
-        log(f"resuming {plan.experiment}")
-        tuner = tune.Tuner.restore(plan.experiment, trainable=_trainable(plan, on_completed),
-                                   resume_unfinished=True, resume_errored=not restart_errored,
-                                   restart_errored=restart_errored)
-        finish(tuner, plan.experiment)
-
-
-def _clear_lost_start(plan: SearchPlan) -> None:
-    """A driver killed right after it started left augtune's files but no Tune state: clear the study."""
-    from augtune.search.storage import delete, names
-
-    for name in names(plan.experiment):  # only augtune's own files can be here: Tune wrote none
-        if name not in (SEARCH_FILE, LOCK_FILE, OPTUNA_FILE, LOG_FILE):
-            raise ConfigError(f"{plan.experiment}: Tune's state is missing but {name} is there; move the "
-                              "folder aside and start the search again")
-    delete(plan.experiment, OPTUNA_FILE)
+resume_search = run_search  # one path: `drive` restores when Tune saved a state, else starts anew

@@ -14,7 +14,7 @@ trial holds only Tune's files.
 
 `EntrantsSearch` hands out the entrants' trials in turn (each entrant's next one when its own searcher
 has one), routes results to the entrant's searcher, and saves every entrant's searcher in one file: one
-snapshot, restored and reconciled with the trials Tune restored (`searchers.ReconcilingSearchGenerator`).
+snapshot, restored and reconciled with the trials Tune restored (`tune_internals.ReconcilingSearchGenerator`).
 `EntrantsScheduler` routes each trial to its entrant's scheduler.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def entrant_of(trial_or_result) -> Optional[str]:
 
 class EntrantsSearch(SearchAlgorithm):
     """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
-    algorithm as `searchers.restorable` makes it, the constants of its space, its budget) as one, at most
+    algorithm as `tune_internals.restorable` makes it, the constants of its space, its budget) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own)."""
 
     def __init__(self, entrants: dict[str, tuple], max_concurrent: int = 0):
@@ -71,9 +71,9 @@ class EntrantsSearch(SearchAlgorithm):
     def add_configurations(self, experiments) -> None:
         """Tune's one experiment becomes one per entrant: its constants and its name in the config, its
         budget of trials."""
-        from ray.tune.experiment import _convert_to_experiment_list
+        from augtune.search.tune_internals import experiment_of
 
-        (experiment,) = _convert_to_experiment_list(experiments)
+        experiment = experiment_of(experiments)
         for name, sub in self._subs.items():
             spec = dict(experiment.spec)
             config = {**(spec.get("config") or {}), **self._constants[name], ENTRANT: name}
@@ -140,7 +140,7 @@ class EntrantsSearch(SearchAlgorithm):
 
     def restore_from_dir(self, dirpath: str) -> None:
         """The newest snapshot, each entrant's algorithm reconciled with the trials Tune restored."""
-        from augtune.search.recovery import restored_trials
+        from augtune.search.tune_internals import restored_trials
 
         newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
         with open(newest, "rb") as f:
@@ -151,8 +151,8 @@ class EntrantsSearch(SearchAlgorithm):
             self.reconcile(trials)
 
     def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`recovery.RestoredTrial`), the search trials Tune restored: each entrant's
-        algorithm with its own."""
+        """Agree with `trials` (`tune_internals.RestoredTrial`), the search trials Tune restored: each
+        entrant's algorithm with its own."""
         self._live = {t.trial_id for t in trials if not t.finished}
         mine: dict[str, list] = {name: [] for name in self._subs}
         for t in trials:

@@ -9,7 +9,6 @@ experiments, a trial's checkpoints by wall time.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 from dataclasses import dataclass, replace
@@ -19,11 +18,11 @@ from typing import Collection, Optional
 from augtune.checks import check_config
 from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
 from augtune.records import read_search_file
+from augtune.search.storage import is_uri
 
 DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
 ALWAYS_REPORTED = ("loss", "epoch_time_s", "samples_per_s", "epoch")
 REFERENCE_CACHE = ".augtune/references"  # under the storage folder: `raw` and `random-init`, computed once
-MAX_NAME = 200  # bytes of an experiment name (a folder name; 255 is the usual file-system limit)
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,7 @@ class SearchPlan:
     name: str
     address: Optional[str] = None
     dashboard: bool = False
+    modality: Optional[str] = None  # the data's (image, vector): what the space may sample depends on it
 
     @property
     def experiment(self) -> str:
@@ -73,7 +73,7 @@ def trial_base(cfg: Config, storage: str) -> dict:
         ev = replace(ev, epoch_metrics=(*ev.epoch_metrics, family))
     ev = replace(ev, at=tuple(sorted(set(ev.at) | set(rung_epochs(cfg)))),
                  every=0 if ev.every is None else ev.every)
-    if ev.reference_cache is None and "://" not in storage:
+    if ev.reference_cache is None and not is_uri(storage):
         ev = replace(ev, reference_cache=str(Path(storage) / REFERENCE_CACHE))
     return to_dict(replace(cfg, eval=ev))
 
@@ -85,15 +85,32 @@ def check_metric(cfg: Config) -> None:
                           f"(reported: {', '.join(sorted(reported))})")
 
 
-def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = None) -> None:
-    """Every point to evaluate and one sample of the space give a valid config (names included)."""
+SAMPLES_CHECKED = 16  # seeded samples of a space checked at planning, beside its points
+
+
+def fit_size(data) -> int:
+    """The samples a method trains on: the training split and any unlabelled rows (STL-10's)."""
+    return len(data.y_train) + (0 if data.x_unlabeled is None else len(data.x_unlabeled))
+
+
+def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = None,
+                 modality: Optional[str] = None, n_train: Optional[int] = None) -> None:
+    """Every point to evaluate and SAMPLES_CHECKED seeded samples of the space give a valid config (names
+    included), for data of `modality` and `n_train` training samples when known: a value only a sample
+    can draw is found here, not inside a trial."""
+    from augtune.methods import check_modality
     from augtune.search.searchers import sample_values
 
     candidates = [*(("point", i + 1, p) for i, p in enumerate(space.points_to_evaluate)),
-                  ("sample", 1, sample_values(space, 0))]
+                  *(("sample", i + 1, sample_values(space, i)) for i in range(SAMPLES_CHECKED))]
     for what, i, values in candidates:
         try:
             cfg = check_config(from_dict(set_values(base, values)), figure_kinds)
+            if modality is not None:
+                check_modality(cfg, modality)
+            if n_train is not None and cfg.train.batch_size > n_train:  # the loop would refuse it
+                raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the training "
+                                  f"set ({n_train} samples)")
         except ConfigError as e:
             raise ConfigError(f"search.space ({what} {i}): {e}") from None
         if cfg.search.metric not in reported_metrics(cfg):
@@ -105,13 +122,13 @@ def absolute_paths(cfg: Config) -> Config:
     relative path would name nothing."""
     d = cfg.dataset
     fixed = {k: str(Path(v).expanduser().resolve()) for k, v in (("path", d.path), ("root", d.root))
-             if v and "://" not in v}
+             if v and not is_uri(v)}
     return replace(cfg, dataset=replace(d, **fixed)) if fixed else cfg
 
 
 def resolve_storage(storage: str | None) -> str:
     """An absolute folder (Ray needs one) or a URI Ray's pyarrow filesystem understands."""
-    if storage and "://" in storage:
+    if storage and is_uri(storage):
         from augtune.search.storage import StorageError, filesystem
 
         try:
@@ -128,16 +145,6 @@ def resolve_storage(storage: str | None) -> str:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--storage: {existing} is not writable")
     return str(path)
-
-
-def check_name(name: str) -> str:
-    if not name.strip() or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-        raise ConfigError(
-            f"--name: {name[:60]!r} must be a plain folder name (no /, not . or .., not hidden)"
-        )
-    if len(name.encode()) > MAX_NAME:
-        raise ConfigError(f"--name: {name[:40]}... is longer than {MAX_NAME} bytes")
-    return name
 
 
 def trial_resources(cfg: Config) -> dict[str, float]:
@@ -176,18 +183,24 @@ def plan_search(config: str | Path, overrides: list[str], *, storage: str | None
                 figure_kinds: Optional[Collection[str]] = None) -> SearchPlan:
     """Validate everything about a search without starting Ray or writing a file (`figure_kinds`: the
     plots' registry, which `eval.figures` is checked against)."""
+    from augtune.search.experiment import data_subject, default_name
+
     cfg = check_config(load_config(config, overrides), figure_kinds)
-    label = cfg.search.space if isinstance(cfg.search.space, str) else "inline"
-    name = name or f"{label}-{cfg.dataset.name}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
-    return plan_config(cfg, storage=resolve_storage(storage), name=name, address=address, dashboard=dashboard,
+    label = cfg.search.space if isinstance(cfg.search.space, str) else "search"
+    storage = resolve_storage(storage)
+    name = name or default_name(label, data_subject(cfg), storage)
+    return plan_config(cfg, storage=storage, name=name, address=address, dashboard=dashboard,
                        figure_kinds=figure_kinds)
 
 
 def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = None, dashboard: bool = False,
                 figure_kinds: Optional[Collection[str]] = None, check_name_free: bool = True,
-                check_data: bool = True) -> SearchPlan:
-    """`plan_search` for a resolved config and an absolute storage (compare plans its entrants here)."""
+                check_data: bool = True, modality: Optional[str] = None,
+                n_train: Optional[int] = None) -> SearchPlan:
+    """`plan_search` for a resolved config and an absolute storage (compare plans its entrants here, with
+    the `modality` of the data it loaded once; a search loads its data here to learn it)."""
     from augtune.data import DataError, load_dataset
+    from augtune.search.experiment import check_name, check_name_free as name_is_free
     from augtune.search.searchers import check_algorithm
     from augtune.spaces import resolve_space
 
@@ -205,15 +218,19 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
 
         if per not in dotted_keys():
             raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
-    space = resolve_space(cfg.search)
-    check_algorithm(cfg.search, space)
-    base = trial_base(cfg, storage)
-    check_trials(base, space, figure_kinds)
     if check_data:
+        from augtune.checks import check_against_data
+
         try:
-            load_dataset(cfg.dataset)
+            data = load_dataset(cfg.dataset)
         except DataError as e:
             raise ConfigError(str(e)) from None
+        modality, n_train = data.modality, fit_size(data)
+        check_against_data(cfg, data)  # knn_k below the samples; the networks within memory
+    space = resolve_space(cfg.search, modality)
+    check_algorithm(cfg.search, space)
+    base = trial_base(cfg, storage)
+    check_trials(base, space, figure_kinds, modality, n_train)
     if not address and cfg.resources.use_gpu:
         import torch
 
@@ -221,10 +238,9 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
             raise ConfigError(
                 "resources.use_gpu: true, but this machine has no GPU (use --address for a cluster)"
             )
-    plan = SearchPlan(cfg, base, storage, check_name(name), address, dashboard)
-    if check_name_free and "://" not in storage and Path(plan.experiment).exists():
-        raise ConfigError(f"--name: {plan.experiment} already exists; continue it with `augtune resume "
-                          f"{plan.experiment}` or choose another name")
+    plan = SearchPlan(cfg, base, storage, check_name(name), address, dashboard, modality)
+    if check_name_free:
+        name_is_free(plan.experiment)
     return plan
 
 
@@ -241,7 +257,8 @@ def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False)
     except (ValueError, KeyError, TypeError) as e:  # StorageError is a ValueError
         raise ConfigError(str(e).splitlines()[0]) from None
     check_loggers(cfg)
-    return SearchPlan(cfg, data["base"], storage, name, address, dashboard)
+    modality = data.get("modality") if data.get("modality") in ("image", "vector") else None
+    return SearchPlan(cfg, data["base"], storage, name, address, dashboard, modality)
 
 
 def _read_search_file(location: str) -> dict:
@@ -249,7 +266,7 @@ def _read_search_file(location: str) -> dict:
     import tempfile
 
     from augtune.records import SEARCH_FILE
-    from augtune.search.storage import is_uri, read_text
+    from augtune.search.storage import read_text
 
     if not is_uri(location):
         return read_search_file(Path(location).expanduser().resolve())
@@ -262,3 +279,48 @@ def _read_search_file(location: str) -> dict:
             return read_search_file(Path(tmp))
         except ValueError as e:
             raise ValueError(str(e).replace(tmp, location)) from None
+
+
+def trials_of(plan: SearchPlan) -> int:
+    """How many search trials `plan` runs: `num_samples`, times the grid's size for a grid (or a random
+    search's grid entries), as Tune counts them."""
+    from augtune.search.searchers import grid_params
+    from augtune.spaces import resolve_space
+    from augtune.spaces.grammar import is_grid
+
+    s = plan.cfg.search
+    space = resolve_space(s, plan.modality)
+    if s.algorithm == "optuna" or space.define_by_run is not None:
+        return s.num_samples
+    params = grid_params(space) if s.algorithm == "grid" else space.params
+    size = math.prod(len(v["grid_search"]) for v in params.values() if is_grid(v))
+    return s.num_samples * size
+
+
+def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
+    """What `plan` would run, a line each (`augtune search --plan`): its space, algorithm, scheduler,
+    trials, epochs, resources and repeat. `repeat_runs`: the repeat's runs, when decided elsewhere (a
+    compare's)."""
+    from augtune.spaces import resolve_space, searched
+
+    cfg, s = plan.cfg, plan.cfg.search
+    space = resolve_space(s, plan.modality)
+    keys = sorted(searched(space)) if space.define_by_run is None else ["(define-by-run)"]
+    trials, rb = trials_of(plan), s.repeat_best
+    sched = {"asha": f"ASHA (grace {s.grace_period}, reduction {s.reduction_factor}: stops trials early)",
+             "none": "none (every trial runs every epoch)"}.get(s.scheduler, s.scheduler)
+    repeats = repeat_runs if repeat_runs is not None else rb.top * len(rb.seeds)
+    need = ", ".join(f"{k} {v:g}" for k, v in trial_needs(cfg).items())
+    label = "+".join((cfg.method.base, *cfg.method.augment))
+    return [
+        f"{plan.name}: {label} on {cfg.dataset.name}"
+        + (f" ({plan.modality})" if plan.modality else ""),
+        f"  space: {space.name} ({len(keys)} searched: {', '.join(keys) or 'none'})",
+        f"  algorithm: {s.algorithm}, {trials} trial(s), optimising {s.metric} ({s.mode}); "
+        f"scheduler: {sched}",
+        f"  each trial: {cfg.train.epochs} epochs, needs {need}",
+        f"  repeat: {repeats} run(s)" + (f" (best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
+                                        + f" on seeds {list(rb.seeds)})" if repeat_runs is None and
+                                        rb.top else ""),
+        f"  at most {(trials + repeats) * cfg.train.epochs} epochs in {trials + repeats} run(s)",
+    ]

@@ -33,13 +33,14 @@ class Progress(Callback):
         mode: str,
         total: Optional[int],
         title: str = "search",
-        stream: TextIO = sys.stdout,
+        stream: Optional[TextIO] = None,  # sys.stdout when the line is made (not when imported)
+        tty: Optional[bool] = None,  # redraw one line ("\r"); None: when the stream is a terminal
         every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.metric, self.mode, self.total, self.title = metric, mode, total, title
-        self.stream, self.every_s, self.clock = stream, every_s, clock
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.stream, self.every_s, self.clock = stream or sys.stdout, every_s, clock
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
         self.start = clock()
         self.last_print = -1e9
         self.best: Optional[tuple[float, dict]] = None
@@ -52,7 +53,14 @@ class Progress(Callback):
         self.repeating = False  # the repeat phase is under way: its trials are the ones counted
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "phases": None}
+        # Tune pickles the callback with its run; the console is the process's own (a notebook's is an
+        # ipykernel stream that holds its session's signing key and does not pickle)
+        return {**self.__dict__, "phases": None, "stream": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.stream is None:
+            self.stream = sys.stdout
 
     # -- Tune's hooks ---------------------------------------------------------------------------------
 

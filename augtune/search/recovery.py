@@ -21,7 +21,7 @@ again). Restoring from storage as it is then loses or repeats work.
 
 What no copy can settle, a searcher whose state disagrees with the experiment's trials, is reconciled by
 the search algorithms themselves when Tune restores them (`augtune.search.searchers`), from the trial
-list that `restored_trials` reads.
+list that `tune_internals.restored_trials` reads.
 """
 from __future__ import annotations
 
@@ -29,12 +29,11 @@ import json
 import os
 import pickletools
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from augtune.config import ConfigError
-from augtune.records import REPEAT
+from augtune.search.storage import is_uri
 
 # Tune's own state files in an experiment folder: it restores from the newest of each kind (by name)
 TUNE_STATE = ("experiment_state-*.json", "basic-variant-state-*.json", "search_gen_state-*.json",
@@ -153,7 +152,7 @@ def _whole_lines(data: bytes) -> bytes:
 def refuse_torn_state(experiment: str) -> list[str]:
     """Refuse (one line) when the newest state file of a kind is cut short: Tune, unable to load it,
     would start the whole search again. Local folders only: an object store writes whole objects."""
-    if "://" in experiment:
+    if is_uri(experiment):
         return []
     folder = Path(experiment)
     for pattern in TUNE_STATE:
@@ -273,39 +272,33 @@ def _logged_epoch(fs, path: str) -> int:
 
 # -- the trials Tune restores ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RestoredTrial:
-    """One trial of an experiment's saved state, as Tune restores it."""
 
-    trial_id: str
-    status: str  # TERMINATED, ERROR, or PENDING (Tune restores a running trial as pending)
-    params: dict = field(default_factory=dict)  # the searched parameters (Tune's evaluated_params)
-    last_result: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)  # the whole trial config (searched and constant)
+def settle_lost_records(run_path: str, record_folders: list[str]) -> list[str]:
+    """Mark `failed` the records still `running` of trials that Tune's saved state never held: a trial
+    made and started after Tune last saved its state, when the driver was killed. Tune does not know
+    them, so the resume makes their run again as a new trial, with a record of its own; the old record,
+    left `running`, would keep every table of the experiment "unfinished" and count the run twice.
+    Local folders only (an object store's records are settled by the trials that own them). The
+    records marked, by path."""
+    from augtune.records import read_record, write_record
+    from augtune.search.tune_internals import restored_trials
 
-    @property
-    def finished(self) -> bool:
-        return self.status in ("TERMINATED", "ERROR")
-
-
-def restored_trials(folder: str, repeats: bool = False) -> Optional[list[RestoredTrial]]:
-    """The trials of the newest experiment state in `folder` (Tune's driver staging folder, into which
-    Tune downloads the state it restores from), or None when there is none; a search's own trials only,
-    unless `repeats` (the repeat runs of its best, `augtune.search.repeat`, share its Tune run)."""
-    states = sorted(Path(folder).glob(f"{EXPERIMENT_STATE}*.json"))
-    if not states:
-        return None
-    from ray.tune.experiment.trial import Trial
-    from ray.tune.utils.serialization import _loads_with_cloudpickle
-
-    state = _loads_with_cloudpickle(states[-1].read_text())
-    out = []
-    for trial_json, metadata in state.get("trial_data", []):
-        trial = Trial.from_json_state(trial_json, stub=True)
-        trial.restore_run_metadata(metadata)
-        if not repeats and REPEAT in (trial.config or {}):
-            continue
-        out.append(RestoredTrial(trial.trial_id, trial.status, dict(trial.evaluated_params or {}),
-                                 dict(trial.last_result or {}), dict(trial.config or {})))
-    return out
-
+    if is_uri(run_path):
+        return []
+    trials = restored_trials(run_path, repeats=True) or []
+    held = {t.dir_name for t in trials if t.dir_name}
+    if not held:  # a state that does not name its trials' folders: nothing can be told apart
+        return []
+    marked = []
+    for folder in record_folders:
+        for path in sorted(Path(folder).glob("*/record.json")):
+            try:
+                record = read_record(path)
+            except (OSError, ValueError):
+                continue
+            if record.get("status") == "running" and path.parent.name not in held:
+                record.update(status="failed", error="lost: the driver was killed before Tune saved this "
+                              "trial; the resume ran it again as a new trial")
+                write_record(path.parent, record)
+                marked.append(str(path))
+    return marked

@@ -48,9 +48,9 @@ class Ended:
 
 
 class SearchThenRepeat(SearchAlgorithm):
-    """`search` (a Tune search algorithm that `searchers.restorable` or `multiplex.EntrantsSearch` makes),
-    then the repeat runs `choose(ended search trials)` returns (each a trial config: `{REPEAT: params}`),
-    at most `max_concurrent` repeat trials at a time (0: no limit)."""
+    """`search` (a Tune search algorithm that `tune_internals.restorable` or `multiplex.EntrantsSearch`
+    makes), then the repeat runs `choose(ended search trials)` returns (each a trial config:
+    `{REPEAT: params}`), at most `max_concurrent` repeat trials at a time (0: no limit)."""
 
     def __init__(self, search: SearchAlgorithm, choose: Callable[[list[Ended]], list[dict]],
                  max_concurrent: int = 0):
@@ -91,9 +91,9 @@ class SearchThenRepeat(SearchAlgorithm):
         return self.search.total_samples
 
     def add_configurations(self, experiments) -> None:
-        from ray.tune.experiment import _convert_to_experiment_list
+        from augtune.search.tune_internals import experiment_of
 
-        (self._experiment,) = _convert_to_experiment_list(experiments)
+        self._experiment = experiment_of(experiments)
         self.search.add_configurations(experiments)
 
     def next_trial(self):
@@ -159,17 +159,11 @@ class SearchThenRepeat(SearchAlgorithm):
     def _make(self, index: int):
         """A Tune trial of the repeat run `runs[index]`, from the experiment's spec; its config is the run's
         alone (the search's space, whose domains it would carry, is nothing it reads)."""
-        from ray.tune.experiment import Trial
-        from ray.tune.experiment.config_parser import _create_trial_from_spec, _make_parser
-        from ray.tune.utils import flatten_dict
+        from augtune.search.tune_internals import trial_from_spec
 
         config = copy.deepcopy(self.runs[index])
-        spec = copy.deepcopy(self._experiment.spec)
-        spec["config"] = config
         seed = config[REPEAT].get("train.seed", "?")
-        return _create_trial_from_spec(spec, _make_parser(), evaluated_params=flatten_dict(config),
-                                       experiment_tag=f"{index + 1}_repeat_seed={seed}",
-                                       trial_id=Trial.generate_id())
+        return trial_from_spec(self._experiment.spec, config, f"{index + 1}_repeat_seed={seed}")
 
     # -- one snapshot ---------------------------------------------------------------------------------------
 
@@ -179,20 +173,25 @@ class SearchThenRepeat(SearchAlgorithm):
                 "repeat_ids": self._repeat_ids, "experiment": self._experiment}
 
     def save_to_dir(self, dirpath: str, session_str: str) -> None:
-        """The search algorithm's own snapshot, then this one, written whole (temporary file, rename)."""
+        """The search algorithm's own snapshot, then this one, written whole (temporary file, rename), then
+        the signatures of every state file beside them (Tune wrote its experiment state just before:
+        `augtune.search.trust`), which Tune copies to the experiment folder with them."""
+        from augtune.search.trust import sign
+
         self.search.save_to_dir(dirpath, session_str=session_str)
         path = Path(dirpath) / STATE_FILE.format(session_str)
         tmp = path.with_name(f"tmp-{path.name}")
         with open(tmp, "wb") as f:
             cloudpickle.dump(self._state(), f)
         os.replace(tmp, path)
+        sign(dirpath)  # best effort on a full disk: Tune's own write of its state says so
 
     def has_checkpoint(self, dirpath: str) -> bool:
         return any(Path(dirpath).glob(STATE_FILE.format("*")))
 
     def restore_from_dir(self, dirpath: str) -> None:
         """The newest snapshots, agreeing with the trials Tune restored (see the module docstring)."""
-        from augtune.search.recovery import restored_trials
+        from augtune.search.tune_internals import restored_trials
 
         self.search.restore_from_dir(dirpath)
         newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
@@ -205,7 +204,7 @@ class SearchThenRepeat(SearchAlgorithm):
             self.reconcile(trials)
 
     def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`recovery.RestoredTrial`), every trial of the run that Tune restored."""
+        """Agree with `trials` (`tune_internals.RestoredTrial`), every trial of the run that Tune restored."""
         search = [t for t in trials if not is_repeat(t.config)]
         repeats = [t for t in trials if is_repeat(t.config)]
         self._configs.update({t.trial_id: dict(t.config) for t in search})

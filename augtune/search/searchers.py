@@ -20,17 +20,15 @@ the top level of the Tuner's param_space, so that points_to_evaluate line up wit
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any
 
 import numpy as np
 from ray import tune
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchGenerator, Searcher
 from ray.tune.search.sample import Categorical
 
 from augtune.config import Config, ConfigError
-from augtune.spaces import Space, constants, searched
-from augtune.spaces import _define_by_run_values, _study  # the define-by-run helpers the checks share
+from augtune.search.tune_internals import MetricResultsOptunaSearch, ReplayingVariantGenerator
+from augtune.spaces import Space, constants, define_by_run_values, quiet_study, searched
 from augtune.spaces.grammar import describe, is_grid, kind
 
 
@@ -100,7 +98,7 @@ def sample_values(space: Space, seed: int) -> dict:
     if space.define_by_run is not None:
         from optuna.samplers import RandomSampler
 
-        values = _define_by_run_values(space.define_by_run, _study(RandomSampler(seed=seed)))
+        values = define_by_run_values(space.define_by_run, quiet_study(RandomSampler(seed=seed)))
         return {**copy.deepcopy(constants(space)), **values}
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
@@ -135,7 +133,8 @@ def check_algorithm(search_cfg: Any, space: Space) -> None:
 
 def searcher(cfg: Config, space: Space, storage: Any = None):
     """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage. The
-    algorithm is a Searcher (Optuna) or a variant generator; `restorable` makes it what Tune runs."""
+    algorithm is a Searcher (Optuna) or a variant generator; `tune_internals.restorable` makes it what
+    Tune runs."""
     s = cfg.search
     if s.algorithm == "grid":
         return ReplayingVariantGenerator(), grid_params(space)
@@ -143,8 +142,6 @@ def searcher(cfg: Config, space: Space, storage: Any = None):
         return ReplayingVariantGenerator(points_to_evaluate=space.points_to_evaluate or None,
                                          random_state=s.seed), dict(space.params)
     import optuna
-
-    from augtune.search.optuna_search import MetricResultsOptunaSearch
 
     sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
                else optuna.samplers.RandomSampler(seed=s.seed))
@@ -161,96 +158,3 @@ def scheduler(cfg: Config):
         return ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.search.grace_period,
                              reduction_factor=cfg.search.reduction_factor)
     return None
-
-
-# -- what Tune runs, and how it agrees with the trials Tune restores ---------------------------------------
-#
-# Tune saves the experiment's trials and its search algorithm's state in separate files, one after the
-# other, and copies them to storage one by one: a driver killed in between leaves a search algorithm one
-# snapshot older or newer than the trials (augtune.search.recovery). Restored as it is, an older one
-# creates again the trials made since (a finished trial runs twice), a newer one never runs the trials it
-# made since, and its set of live trials can hold trials that ended, which blocks their slots for good.
-# The algorithms below reconcile themselves with the trials Tune restores (`restored_trials`).
-
-
-def restorable(algorithm, max_concurrent: int):
-    """The search algorithm Tune runs for `algorithm` (from `searcher`), at most `max_concurrent` trials
-    at a time (pass `max_concurrent_trials=None` to Tune: this holds the limit)."""
-    if isinstance(algorithm, Searcher):
-        return ReconcilingSearchGenerator(ConcurrencyLimiter(algorithm, max_concurrent=max_concurrent))
-    algorithm.max_concurrent = max_concurrent
-    return algorithm
-
-
-class ReplayingVariantGenerator(BasicVariantGenerator):
-    """Tune's BasicVariantGenerator (grid and random search) that, restored, replays its variants from the
-    start and skips those Tune already holds: the variants are deterministic (the grid, and the sampler
-    seeded with `search.seed`) and so are their trial ids, whichever snapshot its saved state was."""
-
-    def add_configurations(self, experiments) -> None:
-        super().add_configurations(experiments)
-        self._fresh = copy.deepcopy(self._iterators)  # before any variant is drawn (saved with the state)
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        from augtune.search.recovery import restored_trials
-
-        super().restore_from_dir(dirpath)
-        trials = restored_trials(dirpath)
-        if trials is None or not getattr(self, "_fresh", None):
-            return
-        self._iterators = copy.deepcopy(self._fresh)
-        self._trial_generator, self._trial_iter = itertools.chain(*self._iterators), None
-        self._finished = False
-        self._held = {t.trial_id for t in trials}
-        self._live_trials = {t.trial_id for t in trials if not t.finished}
-
-    def next_trial(self):
-        while True:
-            live = set(self._live_trials)
-            trial = super().next_trial()
-            if trial is None or trial.trial_id not in getattr(self, "_held", ()):
-                return trial
-            self._live_trials = live  # a replayed trial Tune holds: live only if it was
-
-
-class ReconcilingSearchGenerator(SearchGenerator):
-    """Tune's SearchGenerator over a ConcurrencyLimiter over an Optuna searcher
-    (`optuna_search.MetricResultsOptunaSearch`) that, restored, counts the trials Tune holds, takes the
-    unfinished ones as the live ones, and has the searcher reconcile its study with them. A completion of
-    a trial the limiter never saw (a restored or restarted trial) still reaches the searcher."""
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        from augtune.search.recovery import restored_trials
-
-        super().restore_from_dir(dirpath)
-        trials = restored_trials(dirpath)
-        if trials is not None:
-            self.reconcile(trials)
-
-    def reconcile(self, trials: list) -> None:
-        """Agree with `trials`, the trials of this search that Tune restored (`recovery.RestoredTrial`)."""
-        self._counter = len(trials)
-        unfinished = {t.trial_id for t in trials if not t.finished}
-        limiter = self._limiter()
-        if limiter is not None:
-            limiter.live_trials = set(unfinished)
-            limiter.num_unfinished_live_trials = len(unfinished)
-        reconcile = getattr(self._base(), "reconcile", None)
-        if reconcile is not None:
-            reconcile(trials)
-
-    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        limiter = self._limiter()
-        if limiter is not None and trial_id not in limiter.live_trials:
-            self._base().on_trial_complete(trial_id, result=result, error=error)
-            return
-        super().on_trial_complete(trial_id, result=result, error=error)
-
-    def _limiter(self):
-        return self.searcher if isinstance(self.searcher, ConcurrencyLimiter) else None
-
-    def _base(self):
-        s = self.searcher
-        while hasattr(s, "searcher"):
-            s = s.searcher
-        return s

@@ -11,18 +11,27 @@ to Tune; its record says `stopped`, and its row says so. An experiment kept in c
 A search's repeat runs (in the search's Tune run: `augtune.search.repeat`) are listed after its trials; a
 compare experiment shows its search (every entrant's trials) and its repeat, with the entrant of each
 trial.
+
+Tune's state says RUNNING for the trials that ran when its driver stopped (Ctrl-C, a killed
+process): a local experiment whose lock (`.augtune.lock`, held by the driver while it runs) is
+absent, or was left by a process that is gone, has no driver, and those trials are shown
+INTERRUPTED, with the command that continues them. A state file that cannot be read (cut short by a
+full disk, say) is one line naming it, exit 2: a table guessed from a file that lost its end would
+show trials as they were before, without a word.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
-                             REPEAT, REPEAT_DIR, read_search_file)
+                             REPEAT, REPEAT_DIR, JSONFileError, read_json,
+                             read_search_file)
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
+INTERRUPTED = "INTERRUPTED"  # a trial Tune left RUNNING when no driver runs its experiment
 
 
 @dataclass(frozen=True)
@@ -36,9 +45,12 @@ class TrialStatus:
     folder: str
     stopped: bool = False  # stopped early by the scheduler (its record says `stopped`)
     repeat: bool = False  # a repeat run of the search's best (`augtune.search.repeat`)
+    interrupted: bool = False  # RUNNING to Tune, but no driver runs the experiment any more
 
     @property
     def shown_status(self) -> str:
+        if self.interrupted and self.status == "RUNNING":
+            return INTERRUPTED
         return STOPPED if self.stopped and self.status == "TERMINATED" else self.status
 
 
@@ -68,10 +80,17 @@ def error_line(path: Path) -> str:
 
 def _record(trial_dir: Path) -> dict:
     try:
-        data = json.loads((trial_dir / RECORD_FILE).read_text())
-    except (OSError, ValueError):
+        data = read_json(trial_dir / RECORD_FILE)
+    except ValueError:  # absent, cut short, foreign: the trial's row comes from Tune's state alone
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def driver_alive(lock_dir: Path) -> Optional[bool]:
+    """Whether a driver runs the experiment in `lock_dir` now (`experiment.holder_alive`)."""
+    from augtune.search.experiment import holder_alive
+
+    return holder_alive(lock_dir)
 
 
 def _error(trial_dir: Path, record: dict) -> str:
@@ -83,8 +102,25 @@ def _error(trial_dir: Path, record: dict) -> str:
     return ""
 
 
-def _loads(value):
-    return json.loads(value) if isinstance(value, str) else value
+def _state(path: Path) -> list[tuple[dict, dict]]:
+    """(trial document, runtime state) of each trial in Tune's state file `path`; a file that is not
+    one (cut short while the disk was full, hand-edited) is a ValueError naming it, in one line."""
+    state = read_json(path)  # JSONFileError: the file's name and what is wrong with it
+    rows = state.get("trial_data") if isinstance(state, dict) else None
+    if not isinstance(rows, list):
+        raise JSONFileError(path, "not a Tune experiment state (no trial_data list)")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            doc, runtime = row
+            trial = json.loads(doc) if isinstance(doc, str) else doc
+            run = json.loads(runtime) if isinstance(runtime, str) else runtime
+        except (TypeError, ValueError, RecursionError) as e:
+            why = (str(e).splitlines() or [""])[0][:100] or type(e).__name__
+            what = f"trial {i + 1} of trial_data cannot be read ({why})"
+            raise JSONFileError(path, what) from None
+        out.append((trial if isinstance(trial, dict) else {}, run if isinstance(run, dict) else {}))
+    return out
 
 
 def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
@@ -95,10 +131,8 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
     state_file = _latest_state(exp_dir)
     if state_file is None:
         return []
-    state = json.loads(state_file.read_text())
     out = []
-    for doc, runtime in state.get("trial_data", []):
-        trial, run = _loads(doc) or {}, _loads(runtime) or {}
+    for trial, run in _state(state_file):
         folder = exp_dir / trial.get("relative_logdir", "")
         config = trial.get("config") if isinstance(trial.get("config"), dict) else {}
         repeat = isinstance(config.get(REPEAT), dict)
@@ -123,7 +157,8 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
 def _summary(trials: list[TrialStatus]) -> str:
     counts: dict[str, int] = {}
     for t in trials:
-        counts[t.status] = counts.get(t.status, 0) + 1
+        status = INTERRUPTED if t.shown_status == INTERRUPTED else t.status
+        counts[status] = counts.get(status, 0) + 1
     text = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trials yet"
     stopped = sum(t.stopped and t.status == "TERMINATED" for t in trials)
     return text + (f" ({stopped} stopped early by the scheduler)" if stopped else "")
@@ -154,31 +189,45 @@ def _section(title: str, trials: list[TrialStatus], metric: str, compare: bool) 
     return lines
 
 
-def status_lines(exp_dir: Path, shown: str) -> list[str]:
-    """The status of the local experiment folder `exp_dir`, naming it `shown` (its path or URI)."""
+def status_lines(exp_dir: Path, shown: str, local: bool = True) -> list[str]:
+    """The status of the experiment folder `exp_dir`, naming it `shown` (its path or URI);
+    `local`: the folder is the experiment itself, whose lock tells whether a driver runs it."""
     if (exp_dir / COMPARE_FILE).is_file():
-        return compare_status_lines(exp_dir, shown)
+        return compare_status_lines(exp_dir, shown, local=local)
     if (exp_dir.parent / COMPARE_FILE).is_file() and _latest_state(exp_dir) is None:
         # an entrant of a compare: its trials are in the compare's one search run
-        return compare_status_lines(exp_dir.parent, shown.rstrip("/").rsplit("/", 1)[0], only=exp_dir.name)
+        parent = shown.rstrip("/").rsplit("/", 1)[0]
+        return compare_status_lines(exp_dir.parent, parent, only=exp_dir.name, local=local)
     plan = read_search_file(exp_dir)  # one line when missing, corrupt or foreign
     metric = plan["config"]["search"]["metric"]
     trials = read_trials(exp_dir, metric, repeats=exp_dir / REPEAT_DIR)
     trials += read_trials(exp_dir / REPEAT_DIR, metric)  # an augtune 0.2 experiment's own repeat run
     return _phases(trials, metric, f"search {shown}", f"{REPEAT_DIR} {shown.rstrip('/')}/{REPEAT_DIR}",
-                   compare=False)
+                   compare=False, driver=exp_dir if local else None, resume=shown)
 
 
-def _phases(trials: list[TrialStatus], metric: str, search: str, repeat: str, compare: bool) -> list[str]:
-    """The search's trials, then its repeat runs' when there are any."""
+def _phases(trials: list[TrialStatus], metric: str, search: str, repeat: str, compare: bool,
+            driver: Optional[Path] = None, resume: str = "") -> list[str]:
+    """The search's trials, then its repeat runs' when there are any. `driver`: the folder whose
+    lock says whether a driver runs them (None: it cannot be told); `resume`: what `augtune resume`
+    takes."""
+    gone = driver is not None and driver_alive(driver) is False
+    if gone:
+        trials = [replace(t, interrupted=True) if t.status == "RUNNING" else t for t in trials]
     lines = _section(search, [t for t in trials if not t.repeat], metric, compare)
     repeats = [t for t in trials if t.repeat]
-    return lines + (_section(repeat, repeats, metric, compare) if repeats else [])
+    lines += _section(repeat, repeats, metric, compare) if repeats else []
+    if any(t.shown_status == INTERRUPTED for t in trials):
+        lines.append(f"no search is running there: its {INTERRUPTED} trials stopped with it "
+                     f"(Ctrl-C, a lost driver); continue them with: augtune resume "
+                     f"{resume.rstrip('/')}")
+    return lines
 
 
-def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None) -> list[str]:
+def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None,
+                         local: bool = True) -> list[str]:
     """A compare experiment: its search (every entrant's trials) and its repeat, trial by trial; `only`:
-    one entrant's trials."""
+    one entrant's trials; `local` as in `status_lines`."""
     from augtune.config import ConfigError, safe_load
 
     path = exp_dir / COMPARE_FILE
@@ -196,7 +245,8 @@ def compare_status_lines(exp_dir: Path, shown: str, only: Optional[str] = None) 
         trials = [t for t in trials if _entrant(t.params) == only]
     base = shown.rstrip("/")
     return _phases(trials, metric, f"{COMPARE_SEARCH} {base}/{COMPARE_SEARCH}",
-                   f"{COMPARE_REPEAT} {base}/{COMPARE_REPEAT}", compare=True)
+                   f"{COMPARE_REPEAT} {base}/{COMPARE_REPEAT}", compare=True,
+                   driver=exp_dir if local else None, resume=base)
 
 
 def format_status(location: str | Path) -> str:
@@ -206,6 +256,7 @@ def format_status(location: str | Path) -> str:
     shown = str(location) if is_uri(location) else str(Path(location).expanduser().resolve())
     with local_copy(shown) as folder:
         try:
-            return "\n".join(status_lines(Path(folder).resolve(), shown))
+            lines = status_lines(Path(folder).resolve(), shown, local=not is_uri(location))
+            return "\n".join(lines)
         except ValueError as e:  # a copy's message names the experiment, not the temporary folder
             raise ValueError(str(e).replace(str(Path(folder).resolve()), shown)) from None

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from augtune.records import COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE
+from augtune.records import COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE, is_uri
 
 # What `status`, `export` and `importance` read of an experiment: basenames, at any depth. Tune's state
 # (`experiment_state-*.json`) says which trials exist and what they last reported.
@@ -35,10 +35,6 @@ SKIPPED_DIRS = ("checkpoint_*",)  # Tune's and Train's checkpoint folders: the b
 
 class StorageError(ValueError):
     """A location that cannot be used or read; the message is one line naming it."""
-
-
-def is_uri(location: object) -> bool:
-    return "://" in str(location)
 
 
 def argument(value: object) -> str:

@@ -37,8 +37,8 @@ SPACES: dict[str, Space] = {
 _NOT_SEARCHABLE = ("search", "compare", "resources")  # they set up the search itself, before any trial
 _DISCOVERY_TRIALS = 32  # define-by-run: sampled trials (plus the points) whose keys are checked
 
-__all__ = ["GRAMMAR", "SPACES", "Space", "check_keys", "constants", "held", "parse_domain", "resolve_space",
-           "searched"]
+__all__ = ["GRAMMAR", "SPACES", "Space", "check_keys", "constants", "define_by_run_values", "held",
+           "on_modality", "parse_domain", "quiet_study", "resolve_space", "searched"]
 
 
 def constants(space: Space) -> dict:
@@ -51,7 +51,7 @@ def searched(space: Space) -> dict:
     return {k: v for k, v in space.params.items() if kind(k, v) != "constant"}
 
 
-def _define_by_run_values(fn: Callable, study: Any) -> dict:
+def define_by_run_values(fn: Callable, study: Any) -> dict:
     trial = study.ask()
     returned = fn(trial)
     if returned is not None and not isinstance(returned, Mapping):
@@ -60,7 +60,7 @@ def _define_by_run_values(fn: Callable, study: Any) -> dict:
     return {**trial.params, **(returned or {})}
 
 
-def _study(sampler: Any) -> Any:
+def quiet_study(sampler: Any) -> Any:
     import optuna
 
     verbosity = optuna.logging.get_verbosity()
@@ -80,11 +80,11 @@ def _keys(space: Space) -> list[str]:
     if space.define_by_run is not None:  # the keys it suggests: sampled trials and each point's branch
         from optuna.samplers import RandomSampler
 
-        study = _study(RandomSampler(seed=0))
+        study = quiet_study(RandomSampler(seed=0))
         for point in space.points_to_evaluate:
             study.enqueue_trial(dict(point))
         for _ in range(len(space.points_to_evaluate) + _DISCOVERY_TRIALS):
-            keys.update(dict.fromkeys(_define_by_run_values(space.define_by_run, study)))
+            keys.update(dict.fromkeys(define_by_run_values(space.define_by_run, study)))
     return list(keys)
 
 
@@ -148,8 +148,9 @@ def _check_grid(name: str, grid: Mapping, todo: dict | None) -> None:
                               f"outside {describe(todo[key])}")
 
 
-def resolve_space(search_cfg: Any) -> Space:
-    """`search.space` (a registered name or an inline mapping) -> a checked Space.
+def resolve_space(search_cfg: Any, modality: str | None = None) -> Space:
+    """`search.space` (a registered name or an inline mapping) -> a checked Space, for data of
+    `modality` when given (`Space.fixed_on`).
 
     Unknown names, empty mappings, unknown keys, bad domains and (under `algorithm: grid`) spaces
     that cannot be enumerated raise ConfigError naming the key.
@@ -173,9 +174,27 @@ def resolve_space(search_cfg: Any) -> Space:
     else:
         raise ConfigError(f"search.space: expected a space name or a mapping, got {spec!r}")
     space = held(space, tuple(getattr(search_cfg, "hold", ()) or ()))
+    space = on_modality(space, modality)
     check_keys(space)
     _check_contents(space)
     return space
+
+
+def on_modality(space: Space, modality: str | None) -> Space:
+    """`space` on data of `modality`: the keys it fixes there (`Space.fixed_on`) become constants, out of
+    its points and grid presets."""
+    fixed = dict(space.fixed_on.get(modality, {})) if modality else {}
+    if not fixed:
+        return space
+
+    def keep(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in fixed}
+
+    if space.define_by_run is not None:  # its function would have to learn the fixed values
+        raise ConfigError(f"search.space: {space.name!r} is define-by-run; fixed_on needs a params space")
+    return Space(name=space.name, params={**space.params, **fixed},
+                 points_to_evaluate=[keep(p) for p in space.points_to_evaluate],
+                 grid_presets={n: keep(g) for n, g in space.grid_presets.items()})
 
 
 def held(space: Space, keys: tuple[str, ...]) -> Space:
@@ -196,4 +215,5 @@ def held(space: Space, keys: tuple[str, ...]) -> Space:
 
     return Space(name=space.name, params=keep(space.params),
                  points_to_evaluate=[keep(p) for p in space.points_to_evaluate],
-                 grid_presets={n: keep(g) for n, g in space.grid_presets.items()})
+                 grid_presets={n: keep(g) for n, g in space.grid_presets.items()},
+                 fixed_on=space.fixed_on)

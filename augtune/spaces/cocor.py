@@ -34,4 +34,5 @@ SPACE = Space(
     grid_presets={
         "default": {"cocor.lengths": [[1, 2, 3], [1], [3], [1, 2, 3, 5]], "cocor.mmnn": [True, False]},
     },
+    fixed_on={"vector": {"cocor.pool": "all"}},  # colour and affine ops are image ops
 )

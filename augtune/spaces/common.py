@@ -27,13 +27,18 @@ class Space:
         the papers' defaults first. With `params`, a point names every searched (non-constant) key,
         as Optuna requires; with `define_by_run` a point may be partial (the rest is sampled).
     grid_presets: named grids {name: {dotted key: [values]}}; `algorithm: grid` runs "default",
-        holding every other searched key at the first point's value.
+        holding every other searched key at the first point's value. Every registered space has a
+        "default" preset (a test demands it).
+    fixed_on: what the space may not sample on some data: {modality: {dotted key: value}}; on data of
+        that modality each key is a constant (out of the points and presets), e.g. CoCor's image pools
+        on vectors.
     """
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     define_by_run: Optional[Callable[[Any], Optional[dict]]] = None
     points_to_evaluate: list[dict] = field(default_factory=list)
     grid_presets: dict[str, dict] = field(default_factory=dict)
+    fixed_on: dict[str, dict] = field(default_factory=dict)
 
 
 LR = tune.loguniform(1e-4, 1e-2)  # Adam; PiNDA B.4 trains at 1e-3, the middle of this range

@@ -21,7 +21,7 @@ _DEFAULTS = {
     "train.lr": 1e-3,  # Table 9 (vision) 0.001; Table 11 (bio) uses 1e-4 for ~1000 epochs
     "diffaug.schedule": "A:330,B:330,A:340",
     "diffaug.steps": 1000,  # DDPM's T (the official code uses 100 for bio-features: the other choice)
-    "diffaug.nu_y": 100.0,  # official code: nu_input = 100 (DESIGN.md)
+    "diffaug.nu_y": 100.0,  # official code: nu_input = 100 (docs/methods/diffaug.md)
     "diffaug.alpha": 1.0,  # config.py: positives get P = 1
 }
 

@@ -227,6 +227,7 @@ class Trainer:
         steps = [order[i * t.batch_size:(i + 1) * t.batch_size] for i in range(self.steps_per_epoch)]
         rows = batches(self.x_train, [idx[mine] for idx in steps], self.device, self.cfg.dataset.workers)
         sums: dict[str, torch.Tensor] = {}
+        pending = None  # the last step's loss: checked one step late (see _check_finite)
         start = time.perf_counter()
         for i, (idx, x) in enumerate(zip(steps, rows)):  # x: this rank's rows only, float on the device
             if self.memory_format is not None:
@@ -237,11 +238,10 @@ class Trainer:
             self._set_lr()
             info = StepInfo(epoch, self.global_step, self.total_steps, phase, lr=self._encoder_lr(),
                             autocast=self.bf16)
+            self._check_finite(pending)  # the last step's, now that this step's views are queued
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 loss, terms, batch = self.forward(batch, info)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
-                                    f"(global step {self.global_step + 1})")
+            pending = (loss.detach(), epoch, i, self.global_step)
             loss.backward()
             self._step(active, params, reduced=self.forward is not self.method)
             for opt in self.optimizers.values():
@@ -250,6 +250,7 @@ class Trainer:
             self.global_step += 1
             for k, v in {"loss": loss.detach(), **terms}.items():
                 sums[k] = sums.get(k, 0) + v.float()
+        self._check_finite(pending)
         elapsed = time.perf_counter() - start
         metrics = {"epoch": epoch + 1}
         if phase:
@@ -261,6 +262,20 @@ class Trainer:
         metrics["samples_per_s"] = self.steps_per_epoch * t.batch_size / elapsed
         self.epoch += 1
         return metrics
+
+    @staticmethod
+    def _check_finite(step: Optional[tuple[torch.Tensor, int, int, int]]) -> None:
+        """NonFiniteLoss if the loss of `step` (loss, epoch, step in the epoch, global step; all
+        0-based) was NaN or infinite. The loop asks one step late, once the next step's views are
+        queued: the host then waits for the step before while the device has work, instead of
+        draining the device's queue after every forward. That step's update has run (the run fails
+        all the same, with the same message); no forward pass ever sees weights it made."""
+        if step is None:
+            return
+        loss, epoch, i, global_step = step
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
+                                f"(global step {global_step + 1})")
 
     def _encoder_lr(self) -> float:
         opt = self.optimizers.get("encoder")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord
+from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord, is_uri
 
 if TYPE_CHECKING:
     from augtune.trainables.run import OnCompleted
@@ -62,7 +62,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
 
     from augtune.data import load_dataset
     from augtune.trainables.loop import Trainer, checkpoint_due
-    from augtune.trainables.run import RunLife, start_record
+    from augtune.trainables.run import RunLife, check_checkpoint_epoch, start_record
 
     started = _process_start_s()  # before this trial's own set-up
     start, cpu = time.perf_counter(), time.process_time()
@@ -77,6 +77,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
     if ckpt is not None:
         with ckpt.as_directory() as d:
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
+            check_checkpoint_epoch(trainer, Path(d) / CHECKPOINT_FILE)  # not one of a longer run
             if (Path(d) / RECORD_FILE).exists():
                 record = RunRecord.read(Path(d))
     finished = record.status == "completed" and trainer.epoch >= cfg.train.epochs
@@ -193,7 +194,7 @@ class TrialFolder:
 
             name = Path(ray.tune.get_context().get_trial_dir()).name
         self.name = name
-        if "://" in experiment:
+        if is_uri(experiment):
             self.uri: str | None = f"{experiment.rstrip('/')}/{self.name}"
             self.local = Path(tempfile.mkdtemp(prefix=f"augtune-{self.name[:40]}-"))
         else:

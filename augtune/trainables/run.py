@@ -16,7 +16,7 @@ import yaml
 
 from augtune.config import Config, flatten, from_dict, method_label, to_dict
 from augtune.records import CHECKPOINT_FILE, CONFIG_FILE, RECORD_FILE, RunRecord, read_record
-from augtune.trainables.loop import NonFiniteLoss, Trainer
+from augtune.trainables.loop import CheckpointError, NonFiniteLoss, Trainer
 
 _SHOWN = ("knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari")
 
@@ -174,6 +174,19 @@ class RunLife:
         return self.record
 
 
+def check_checkpoint_epoch(trainer: Trainer, path: Path) -> None:
+    """A loaded checkpoint's epoch must be one of this run's: 0..train.epochs, a history entry
+    each. One that claims more (epoch 99 of 3) would "resume" a run that trains nothing and never
+    completes."""
+    epoch, epochs = trainer.epoch, trainer.cfg.train.epochs
+    if type(epoch) is not int or not 0 <= epoch <= epochs:
+        raise CheckpointError(f"{path}: claims epoch {str(epoch)[:20]} of a run of {epochs} "
+                              f"(train.epochs); not a checkpoint of this run")
+    if len(trainer.history) != epoch:
+        raise CheckpointError(f"{path}: claims epoch {epoch} but holds the history of "
+                              f"{len(trainer.history)}; not a checkpoint of this run")
+
+
 def _max_rss_mb() -> Optional[float]:
     try:
         import resource
@@ -190,12 +203,16 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
     With `resume`, continues from `run_dir`'s checkpoint. A NaN/inf loss ends the run with the
     record's status `failed` and the reason; the exception is re-raised for the caller.
     """
+    from augtune.checks import check_against_data
+
     run_dir = Path(run_dir)
+    check_against_data(cfg, data)  # eval.knn_k, the networks' size: before a network is built
     trainer = Trainer(cfg, data, log=log)  # refuses a bad setup before anything is written
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = run_dir / CHECKPOINT_FILE
     if resume and ckpt_path.exists():
         trainer.load_checkpoint(ckpt_path)
+        check_checkpoint_epoch(trainer, ckpt_path)
         record = RunRecord.read(run_dir).resumed()
         if cfg.train.epochs != record.data["config"]["train"]["epochs"]:  # the one change a resume may make
             record.data.setdefault("resumed_with", []).append(
@@ -220,6 +237,9 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
             board.flush()
 
     try:
+        if trainer.epoch == cfg.train.epochs and record.status != "completed":
+            # its last checkpoint was written, its completed record was not (it died in between)
+            life.epoch_done(trainer.history[-1])
         life.fit(ckpt_path, on_epoch, stop_after=stop_after)
     finally:
         if board is not None:

@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from augtune.config import Config, ConfigError
+from augtune.search.storage import is_uri
 
 # logger -> (the module it needs, the pip requirement that brings it)
 PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"),  # comes with ray[tune]
@@ -57,7 +58,7 @@ def logger_callbacks(cfg: Config, storage: str, name: str, nested: bool = False)
 
     only_chosen_loggers()
     location, experiment = _experiment(storage, name, nested)
-    local = None if "://" in location else location
+    local = None if is_uri(location) else location
     out: list[Any] = [CSVLoggerCallback(), JsonLoggerCallback()]
     for logger in cfg.search.loggers:
         if logger == "tensorboard":

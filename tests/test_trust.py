@@ -1,0 +1,155 @@
+"""Signed state (`augtune.search.trust`): `augtune resume` unpickles nothing its user's augtune did not
+sign; a folder from elsewhere is refused in one line, before anything runs, unless `--trust`."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+
+from augtune.cli import main
+from augtune.config import load_config, to_dict
+from augtune.search import trust
+
+
+@pytest.fixture(autouse=True)
+def loggers_left_alone(monkeypatch):
+    """`resume` in-process would hand Ray's loggers and Python's warnings to the experiment's log file
+    for the rest of the session."""
+    monkeypatch.setattr("augtune.search.progress.quiet_ray", lambda *args, **kwargs: None)
+
+
+class Pwn:
+    """A pickle that runs code when loaded: it writes a file."""
+
+    def __init__(self, target: Path):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.target!r}, 'w').write('PWNED')",))
+
+
+def _folder(tmp_path: Path, tuner: bytes) -> Path:
+    """A folder laid out as a search's: its plan, Tune's saved state (mode 644, owned by the user)."""
+    exp = tmp_path / "res" / "exp"
+    exp.mkdir(parents=True)
+    cfg = load_config(None, ["search.space=simclr", "dataset.as_vectors=true"])
+    plan = {"config": to_dict(cfg), "base": to_dict(cfg), "name": "exp", "storage": str(exp.parent)}
+    (exp / "augtune_search.yaml").write_text(yaml.safe_dump(plan))
+    (exp / "tuner.pkl").write_bytes(tuner)
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
+    for p in exp.iterdir():
+        p.chmod(0o644)
+    return exp
+
+
+def test_a_malicious_pickle_with_ordinary_permissions_is_refused_and_never_run(tmp_path, capsys):
+    pwned = tmp_path / "PWNED"
+    exp = _folder(tmp_path, pickle.dumps(Pwn(pwned)))
+    assert main(["resume", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not signed by your augtune" in err
+    assert f"augtune resume --trust {exp}" in err
+    assert not pwned.exists()
+
+
+def test_a_folder_signed_with_another_key_is_refused(tmp_path, monkeypatch, capsys):
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "colleague"))
+    trust.sign(str(exp))
+    assert (exp / trust.SIGNATURES).is_file()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    with pytest.raises(trust.Untrusted, match="signature does not match"):
+        trust.verify(str(exp))
+    assert main(["resume", str(exp)]) == 2
+    assert "--trust" in capsys.readouterr().err
+
+
+def test_what_this_user_signed_is_accepted_and_any_change_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    trust.sign(str(exp))
+    trust.verify(str(exp))
+    key = tmp_path / "me" / "augtune" / trust.KEY_FILE
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    (exp / "tuner.pkl").write_bytes(pickle.dumps({"benign": 2}))
+    with pytest.raises(trust.Untrusted, match="tuner.pkl"):
+        trust.verify(str(exp))
+
+
+def test_the_ledger_vouches_for_state_copied_after_its_signature_file(tmp_path, monkeypatch):
+    """A driver killed while Tune copied its state: the experiment's signature file is older than a state
+    file that this user's augtune signed where Tune wrote it."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    staging, exp = tmp_path / "staging", _folder(tmp_path, pickle.dumps({"benign": 1}))
+    trust.sign(str(exp))
+    staging.mkdir()
+    newer = b'{"trial_data": [], "newer": true}'
+    (staging / "experiment_state-2026-01-01_00-00-00.json").write_bytes(newer)
+    trust.sign(str(staging))
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_bytes(newer)  # copied; its .sig not yet
+    trust.verify(str(exp))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "elsewhere"))  # no ledger, another key
+    with pytest.raises(trust.Untrusted):
+        trust.verify(str(exp))
+
+
+def test_trust_proceeds_and_signs_for_next_time(tmp_path, monkeypatch):
+    """`--trust`: the user's word; nothing is verified, and the folder is signed (no second --trust)."""
+    from augtune.search import launch
+    from augtune.search.plan import load_plan
+
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    plan = load_plan(str(exp))
+
+    class Started(Exception):
+        pass
+
+    def connect(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(launch, "connect", connect)
+    monkeypatch.setattr(launch, "prepare_restore", lambda path: [])
+    with pytest.raises(trust.Untrusted):
+        launch.run_search(plan, log=lambda line: None)
+    with pytest.raises(Started):  # past the check: it would start Ray now
+        launch.run_search(plan, log=lambda line: None, trust=True)
+    trust.verify(str(exp))
+
+
+def test_status_export_and_plan_of_an_untrusted_folder_unpickle_nothing(tmp_path, capsys):
+    pwned = tmp_path / "PWNED"
+    exp = _folder(tmp_path, pickle.dumps(Pwn(pwned)))
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        '{"trial_data": [], "runner_data": {"__pickled": "' + pickle.dumps(Pwn(pwned)).hex() + '"}}')
+    main(["status", str(exp)])
+    main(["export", str(exp), "--out", str(tmp_path / "t.csv")])
+    capsys.readouterr()
+    assert not pwned.exists()
+    assert os.environ.get("XDG_CONFIG_HOME")  # the suite's own key, never the user's
+
+
+def test_a_full_disk_leaves_the_ledger_to_vouch_and_a_cut_json_to_recovery(tmp_path, monkeypatch):
+    """A full disk while Tune saves: the signature file cannot be written (the ledger still vouches),
+    and a state JSON cut short is left to `resume`'s recovery (it cannot be parsed, so nothing in it is
+    unpickled); a cut pickle is still refused (its first opcodes would run)."""
+    from augtune.search import storage
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(storage, "write_bytes", full)
+        trust.sign(str(exp))
+    assert not (exp / trust.SIGNATURES).exists()
+    trust.verify(str(exp))
+    (exp / "experiment_state-2026-01-01_00-00-01.json").write_text('{"trial_data": [["abc')
+    trust.verify(str(exp))
+    (exp / "searcher-state-2026-01-01_00-00-01.pkl").write_bytes(pickle.dumps({"x": 1})[:-3])
+    with pytest.raises(trust.Untrusted, match="searcher-state"):
+        trust.verify(str(exp))
