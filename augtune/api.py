@@ -27,7 +27,7 @@ ConfigLike = Union[str, Path, Mapping, "Config", None]  # noqa: F821 (augtune.co
 
 
 def config_from(source: ConfigLike = None, overrides: Union[Mapping, Sequence[str], None] = None, /,
-           **sections: Mapping) -> Any:
+                **sections: Mapping) -> Any:
     """A checked `Config` from a YAML file, a dict (nested sections or dotted keys) or a Config, with
     `overrides` (a {dotted key: value} dict or `key=value` strings, as `--set`) and whole sections as
     keywords (`train={"epochs": 5}`). Unknown keys and bad values raise ConfigError naming the key."""
@@ -212,7 +212,10 @@ def train(cfg: ConfigLike, out: Union[str, Path, None] = None, resume: bool = Fa
     cfg = config_from(cfg)
     out = Path(out) if out is not None else \
         Path("runs") / f"{method_label(cfg)}-{cfg.dataset.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    check_resume(out, cfg) if resume else check_new_run_folder(out)
+    if resume:
+        check_resume(out, cfg)
+    else:
+        check_new_run_folder(out)
     record = train_run(cfg, load_dataset(cfg.dataset), out, resume=resume, log=lambda s: print(s, flush=True),
                        on_completed=end_of_run_figures)
     return Run(out, record)

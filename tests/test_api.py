@@ -62,3 +62,18 @@ def test_a_search_folder_is_no_compare(tmp_path):
     assert not exp.is_compare and exp.records() == []
     with pytest.raises(ConfigError, match="a search, not a compare"):
         exp.verdict()
+
+
+def test_train_runs_in_this_process_and_returns_its_record(tmp_path):
+    from conftest import TINY_MLP
+
+    run = augtune.train({"dataset": {"name": "digits", "as_vectors": True, "max_train": 256,
+                                     "max_test": 128},
+                         "model": TINY_MLP, "train": {"epochs": 1, "batch_size": 64, "num_threads": 1},
+                         "eval": {"metrics": ["knn"], "references": False}}, out=tmp_path / "run")
+    assert run.record["status"] == "completed" and 0.0 <= run.final["knn_acc"] <= 1.0
+    assert (tmp_path / "run" / "record.json").is_file()
+    from augtune.trainables.run import RunFolderError
+
+    with pytest.raises(RunFolderError):  # the folder holds a run now: refused, not overwritten
+        augtune.train({"dataset": {"name": "digits"}}, out=tmp_path / "run")
