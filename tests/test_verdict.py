@@ -375,3 +375,5 @@ def test_an_unequal_budget_is_said():
     note = budget_note(search)
     assert note.startswith("Unequal budget") and "b 1 of 2 (1 failed)" in note and "a " not in note
     assert budget_note(search[:2] + [{"entrant": "b", "status": "completed"}] * 2) == ""
+    nan = {"entrant": "b", "status": "failed", "error": "NonFiniteLoss: loss became nan at epoch 2"}
+    assert "b 1 of 2 (1 diverged: its loss became NaN)" in budget_note(search[:3] + [nan])

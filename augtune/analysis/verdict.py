@@ -474,21 +474,29 @@ def budget_note(search: Sequence[Mapping]) -> str:
     the reader must know when it broke."""
     ended: dict[str, int] = {}
     failed: dict[str, int] = {}
+    diverged: dict[str, int] = {}  # failed because the loss became NaN or infinite
     for r in search:
         name = r.get("entrant") or r.get("method")
         if not isinstance(name, str):
             continue
-        ended.setdefault(name, 0)
-        failed.setdefault(name, 0)
+        for d in (ended, failed, diverged):
+            d.setdefault(name, 0)
         if r.get("status") in ("completed", "stopped"):
             ended[name] += 1
         elif r.get("status") == "failed":
             failed[name] += 1
+            diverged[name] += "loss became" in str(r.get("error") or "")
     if len(set(ended.values())) <= 1:
         return ""
     most = max(ended.values())
-    short = [f"{n} {ended[n]} of {most}" + (f" ({failed[n]} failed)" if failed[n] else "")
-             for n in sorted(ended) if ended[n] < most]
+
+    def why(n: str) -> str:
+        parts = [f"{failed[n] - diverged[n]} failed" if failed[n] > diverged[n] else "",
+                 f"{diverged[n]} diverged: its loss became NaN" if diverged[n] else ""]
+        parts = [p for p in parts if p]
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    short = [f"{n} {ended[n]} of {most}{why(n)}" for n in sorted(ended) if ended[n] < most]
     return ("Unequal budget: the entrants' searches did not all end the same number of trials "
             f"({'; '.join(short)}); the comparison is not under one budget for them.")
 
