@@ -185,7 +185,7 @@ def _print_final_table(exp_dir: Path, cfg) -> None:
         print(f"augtune: no table: {e}")
 
 
-def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, title: str, verbose: bool) -> int:
+def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool) -> int:
     """Run a search-like job as the Python API does (`augtune.api.run_job`: one progress line, Ray's
     chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
     finish, one line saying why."""
@@ -283,7 +283,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         print("\n".join(describe(plan)))
         return 0
     code = _run_on_ray(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
-                       plan.experiment, plan.cfg, "search", args.verbose)
+                       plan.experiment, plan.cfg, args.verbose)
     if code == 0:
         _final_table(plan.experiment, plan.cfg)
         print(f"experiment: {plan.experiment}")
@@ -320,7 +320,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 0
     code = _run_on_ray(lambda cb: resume_search(plan, restart_errored=args.restart_errored, trust=args.trust,
                                                 on_completed=end_of_run_figures, callbacks=cb),
-                       plan.experiment, plan.cfg, "search", args.verbose)
+                       plan.experiment, plan.cfg, args.verbose)
     if code == 0:
         _final_table(plan.experiment, plan.cfg)
     return code
@@ -357,7 +357,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _finish_compare(plan, run, verbose: bool) -> int:
-    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, "search", verbose)  # then "repeat"
+    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose)
     if code == 0:
         _compare_verdict(plan.experiment)
         print(f"experiment: {plan.experiment}")

@@ -23,7 +23,7 @@ import yaml
 
 from augtune.config import ConfigError, to_dict
 from augtune.records import SEARCH_FILE, process_started
-from augtune.search.storage import delete, is_uri, names, write_bytes
+from augtune.search.storage import delete, exists, is_uri, names, write_bytes
 
 LOCK_FILE = ".augtune.lock"
 OPTUNA_FILE = "optuna.journal"  # Optuna's study: optuna.load_study(study_name="augtune", storage=...)
@@ -83,14 +83,6 @@ def data_subject(cfg) -> str:
     if location:
         return Path(str(location).rstrip("/")).stem or d.name
     return d.name
-
-
-def exists(location: str) -> bool:
-    if is_uri(location):
-        from augtune.search.storage import exists as stored
-
-        return stored(location)
-    return Path(location).exists()
 
 
 def check_name_free(experiment: str) -> None:
@@ -165,11 +157,7 @@ def mark_finished(experiment: str) -> None:
 
 
 def is_finished(experiment: str) -> bool:
-    if is_uri(experiment):
-        from augtune.search.storage import exists as stored
-
-        return stored(experiment, FINISHED_FILE)
-    return (Path(experiment) / FINISHED_FILE).is_file()
+    return exists(experiment, FINISHED_FILE)
 
 
 # -- one driver per folder -----------------------------------------------------------------------------------

@@ -31,11 +31,11 @@ from typing import Any, Callable, Optional
 from augtune.config import Config, ConfigError, to_dict
 from augtune.records import REPEAT_DIR, SEARCH_FILE
 from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
-                                       clear_lost_start, exists, mark_finished, optuna_storage,
+                                       clear_lost_start, mark_finished, optuna_storage,
                                        save_plan)
 from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
 from augtune.search.recovery import prepare_restore, settle_lost_records
-from augtune.search.storage import is_uri
+from augtune.search.storage import exists, is_uri
 
 FINISHED = ("TERMINATED", "ERROR")
 # Ray's node address is 127.0.0.1 when this is 0 (ray_constants reads it when Ray is imported): every

@@ -29,6 +29,7 @@ from typing import Optional
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
                              REPEAT, REPEAT_DIR, JSONFileError, read_json,
                              read_search_file)
+from augtune.search.experiment import holder_alive
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
 INTERRUPTED = "INTERRUPTED"  # a trial Tune left RUNNING when no driver runs its experiment
@@ -84,13 +85,6 @@ def _record(trial_dir: Path) -> dict:
     except ValueError:  # absent, cut short, foreign: the trial's row comes from Tune's state alone
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def driver_alive(lock_dir: Path) -> Optional[bool]:
-    """Whether a driver runs the experiment in `lock_dir` now (`experiment.holder_alive`)."""
-    from augtune.search.experiment import holder_alive
-
-    return holder_alive(lock_dir)
 
 
 def _error(trial_dir: Path, record: dict) -> str:
@@ -211,7 +205,7 @@ def _phases(trials: list[TrialStatus], metric: str, search: str, repeat: str, co
     """The search's trials, then its repeat runs' when there are any. `driver`: the folder whose
     lock says whether a driver runs them (None: it cannot be told); `resume`: what `augtune resume`
     takes."""
-    gone = driver is not None and driver_alive(driver) is False
+    gone = driver is not None and holder_alive(driver) is False
     if gone:
         trials = [replace(t, interrupted=True) if t.status == "RUNNING" else t for t in trials]
     lines = _section(search, [t for t in trials if not t.repeat], metric, compare)
