@@ -5,7 +5,9 @@ reference at the same weights and inputs.
 
 bf16 autocast runs here on the CPU (torch.autocast('cpu', dtype=torch.bfloat16)): matmuls and
 convolutions round to bf16 as a GPU's autocast makes them. A GPU's TF32 convolutions cannot be run
-here; `ieee_fp32` switches them off where it matters (its flags are checked below)."""
+here; `ieee_fp32` switches them off where it matters (its flags are checked below). On a machine with
+a GPU the `_on_the_gpu` tests run the same draws there, under CUDA bf16 autocast with TF32 switched
+on (the cheapest setting a run may choose), against the same float64 reference on the CPU."""
 from __future__ import annotations
 
 import copy
@@ -30,8 +32,24 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 _QUIET_EVAL = {"every": 0, "epoch_metrics": [], "metrics": [], "references": False}
 
 
-def bf16():
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+def bf16(device: str = "cpu"):
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="needs a CUDA GPU (none on this machine)")
+
+
+@pytest.fixture
+def tf32_on():
+    """TF32 matmuls and convolutions, as a run that asks for speed has them; restored after."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+    before = [f.fp32_precision for f in flags]
+    for f in flags:
+        f.fp32_precision = "tf32"
+    yield
+    for f, b in zip(flags, before):
+        f.fp32_precision = b
 
 
 def _trained(cfg: dict):
@@ -118,6 +136,39 @@ def test_cocor_meta_gradient_in_float32_and_bf16_is_the_float64_hypergradient(co
     assert not bad, bad
 
 
+@needs_gpu
+def test_cocor_meta_gradient_on_the_gpu_is_the_float64_hypergradient(cocor_trained, tf32_on):
+    """The same 30 draws with the method on CUDA, both modes under CUDA bf16 autocast with TF32 on,
+    against the float64 exact hypergradient computed on the CPU: cosine > 0.999, length within 10%."""
+    method, data = cocor_trained
+    dev = torch.device("cuda")
+    gpu = copy.deepcopy(method).to(dev)
+    aug, obj = gpu.augments[0], gpu.objective
+    m64 = copy.deepcopy(method).double()
+    bad = []
+    for draw in range(30):
+        torch.manual_seed(draw)
+        idx = torch.randperm(len(data.x_train))[:128]
+        x = as_float(data.x_train[idx]).to(dev)
+        with kept_buffers(*obj.online_networks(), *m64.objective.online_networks()):
+            aug.loss_terms(Batch(x=x, views=(x, x), index=idx.to(dev)), None, gpu, StepInfo(0, 0, 1))
+            meta, (x_l, y_l) = aug._meta, aug.labelled_batch(128, dev)
+            meta64 = tuple(t.detach().cpu().double() for t in meta)
+            ref = m64.augments[0].meta_gradients(m64.objective, meta64, x_l.cpu().double(), y_l.cpu(),
+                                                 1e-3, "exact")[0]
+            with bf16("cuda"):
+                fd16 = aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "finite_difference")[0]
+                exact16 = aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "exact")[0]
+        ref = _flat(ref)
+        for name, est in (("bf16 finite_difference", _flat(fd16).cpu()),
+                          ("bf16 exact", _flat(exact16).cpu())):
+            cos = float(F.cosine_similarity(est, ref, dim=0))
+            ratio = float(est.norm() / ref.norm())
+            if not (cos > 0.999 and abs(ratio - 1) < 0.1):
+                bad.append((draw, name, cos, ratio))
+    assert not bad, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # NRCC: SGHMC's density gradient
 
@@ -155,6 +206,29 @@ def test_sghmc_density_gradient_in_float32_and_bf16_is_the_float64_one(nrcc_trai
             got16 = sghmc(seed, NRCC.density(obj, x), p0=p0, **args)[1]
         assert torch.equal(got16, got32)  # the density's gradient is taken outside autocast
         err = (got32.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)
+        worst = max(worst, float(err.max()))
+    assert worst < 1e-4, worst
+
+
+@needs_gpu
+def test_sghmc_density_gradient_on_the_gpu_is_the_float64_one(nrcc_trained, tf32_on):
+    """The same 20 chains on CUDA under CUDA bf16 autocast with TF32 on, against the float64 chain on
+    the CPU: the gradient part of x^c per sample within 1e-4 relative."""
+    method, data = nrcc_trained
+    dev = torch.device("cuda")
+    obj = copy.deepcopy(method.objective).eval()
+    o64, obj = copy.deepcopy(obj).double(), obj.to(dev)
+    args = dict(delta1=0.1, delta2=0.05, delta3=0.0, steps=3, grad_clip=1.0)
+    worst = 0.0
+    for draw in range(20):
+        torch.manual_seed(draw)
+        x = as_float(data.x_train[torch.randperm(len(data.x_train))[:64]])
+        seed = x[torch.randperm(64)] + 0.1 * torch.randn_like(x)
+        p0 = torch.randn_like(seed)
+        ref = sghmc(seed.double(), NRCC.density(o64, x.double()), p0=p0.double(), **args)[1]
+        with bf16("cuda"):
+            got = sghmc(seed.to(dev), NRCC.density(obj, x.to(dev)), p0=p0.to(dev), **args)[1]
+        err = (got.cpu().double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)
         worst = max(worst, float(err.max()))
     assert worst < 1e-4, worst
 
