@@ -23,9 +23,9 @@ that runs past it):
   (one SGHMC step), DiffAug (`diffaug.gen_steps: 1`, Alg. 1) in the bf16 + channels_last setting,
   each against the base as the papers' tables give it: `x_base` = the method's epoch-equivalent
   seconds over the base's (what an epoch costs relative to the base). DiffAug is timed per phase
-  (B: generator steps; A: encoder steps with generated positives) on 5000 images, and its refresh
-  (the positives of every training image, generated at the start of each A-epoch) is reported in
-  seconds per 1000 images and folded into its A epoch-equivalent.
+  (B: generator steps; A: encoder steps with generated positives) on 5120 images (ten full
+  batches), and its refresh (the positives of every training image, generated at the start of each
+  A-epoch) is reported in seconds per 1000 images and folded into its A epoch-equivalent.
 - share: trials sharing one GPU, as `resources.gpus_per_worker: 0.25` lets four do: the main job's
   trial (examples/compare_digits.yaml: digits, CNN width 16, batch 128) in 1 process alone, then in
   4 processes at once, each training for the same wall time; total samples/s of 4 against 1. The
@@ -130,7 +130,7 @@ class Sizes:
         )
         self.model = {"backbone": "cnn", "width": 4} if tiny else {"backbone": "resnet18"}
         self.warm, self.steps, self.method_steps = (1, 2, 2) if tiny else (3, 20, 10)
-        self.n_diffaug = 64 if tiny else 5_000
+        self.n_diffaug = 64 if tiny else 5_120  # the warm-up's and the measured epoch's 10 full batches
         # share: seconds each trial process trains, and how many share the device (tiny: the path)
         self.share_s, self.share_processes = (1.0, 2) if tiny else (10.0, 4)
         self.method_extra = (
@@ -290,6 +290,9 @@ def config(sizes: Sizes, device: str, train: dict, extra: dict | None = None, ep
 
 def timed_epoch(trainer: Trainer, steps: int) -> float:
     """Wall seconds of an epoch cut to `steps` steps (of the whole set's permutation), synced."""
+    n, batch = len(trainer.x_train), trainer.cfg.train.batch_size
+    if steps * batch > n:  # a short last batch would not match the views drawn for a full one
+        raise ValueError(f"{steps} steps of {batch} need {steps * batch} images; the set has {n}")
     trainer.steps_per_epoch = steps
     sync(trainer.device)
     t0 = time.perf_counter()
