@@ -56,6 +56,18 @@ class DatasetConfig:
     test_fraction: float = _f(0.3, min=0, max=1, min_open=True, max_open=True)  # when no split is given
     # the stratified split does not move with train.seed: seeds vary training only
     split_seed: int = _f(0, min=0, max=MAX_SEED)
+    # redraw the train/test split from split_seed (stratified, the same sizes) even where the data comes
+    # split (Fashion-MNIST's files, a folder with train/ and test/): `compare.vary: [init, split]` sets it
+    # in each repeat run, with split_seed = its train.seed
+    resplit: bool = False
+    # a validation split carved from the training split (stratified, by split_seed): a search's trials
+    # train on the rest and are scored on it, so choosing a configuration never reads the test split;
+    # its repeat runs and `augtune train` train on the whole training split and are scored on the test
+    # split. 0: none (a search then selects on the test split, and its tables say so)
+    val_fraction: float = _f(0.2, min=0, max=1, max_open=True)
+    # the held-out split this run is scored on: test, or val (the split above; the test split is then not
+    # read at all). A search sets it per trial (val for its trials when val_fraction > 0, test for repeats)
+    evaluate_on: Literal["test", "val"] = "test"
     download: bool = False  # never touch the network unless asked
     max_train: Optional[int] = _f(None, min=1)  # stratified, seeded subsample (smoke runs, budgets)
     max_test: Optional[int] = _f(None, min=1)
@@ -325,6 +337,10 @@ class SearchConfig:
     repeat_best: RepeatBestConfig = field(default_factory=RepeatBestConfig)
 
 
+VARY = ("init", "split")  # what a compare's repeat seeds may vary (compare.vary)
+SPLIT_VARIES_BELOW = 5000  # compare.vary's default varies the split of test splits smaller than this
+
+
 @dataclass(frozen=True)
 class CompareConfig:
     """`augtune compare`: every entrant searched under the same budget, its best re-run on new seeds."""
@@ -337,6 +353,12 @@ class CompareConfig:
     scheduler: Literal["asha", "none"] = "asha"  # early stopping inside each entrant's search
     alpha: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # significance level of the verdict
     metrics: tuple[str, ...] = ("knn_acc",)  # the verdict's columns; the first one is what is searched
+    # what differs between the repeat runs' seeds: init (weights, views, batches) or [init, split] (each
+    # seed also redraws the train/test split, stratified, same sizes; the references are measured on each
+    # seed's split and paired with it). None: [init, split] when the test split has fewer than 5000
+    # samples, where which samples land in it moves accuracy by about as much as a method does; [init] on
+    # larger ones, whose split (often a published one) then stays the one results are reported on
+    vary: Optional[tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -544,6 +566,11 @@ def _validate_section(obj: Any, prefix: str) -> None:
     if isinstance(obj, RepeatBestConfig):
         for i, seed in enumerate(obj.seeds):
             _check_range(f"{prefix}.seeds[{i}]", seed, {"min": 0, "max": MAX_SEED})
+    if isinstance(obj, CompareConfig) and obj.vary is not None:
+        unknown = [v for v in obj.vary if v not in VARY]
+        if unknown or "init" not in obj.vary or len(set(obj.vary)) != len(obj.vary):
+            raise ConfigError(f"{prefix}.vary: expected [init] or [init, split] (the seed always varies the "
+                              f"initialisation), got {list(obj.vary)}")
     if isinstance(obj, ViewConfig):
         lo_hi = obj.crop_scale
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
@@ -564,6 +591,10 @@ def _validate_dataset(d: DatasetConfig, prefix: str) -> None:
         raise ConfigError(
             f"{prefix}.unlabeled: only stl10 has an unlabelled split (dataset.name is {d.name})"
         )
+    if d.evaluate_on == "val" and d.val_fraction == 0:
+        raise ConfigError(f"{prefix}.evaluate_on: val needs a validation split ({prefix}.val_fraction > 0)")
+    if d.resplit and d.cache == "none":
+        raise ConfigError(f"{prefix}.resplit: needs the images in memory (dataset.cache: memory)")
     if d.shared_dir is not None and not Path(d.shared_dir).expanduser().is_absolute():
         raise ConfigError(f"{prefix}.shared_dir: expected an absolute path (a trial runs in its own folder), "
                           f"got {short(d.shared_dir)}")

@@ -19,8 +19,9 @@ separate it from every other ranked entrant and it beats the untrained encoder:
 The untrained encoder is the bar: each entrant's seeds are paired with the `random-init` reference
 of the same seeds (every repeat run measures it for its own seed) and tested one-sided (entrant
 above it), Holm-corrected across the entrants; an entrant not significantly above it is "no better
-than untrained" on that metric and never named best. The raw input (one value: no seed changes it)
-is tested the same way by a one-sided one-sample t-test. When the leader is not separated, the
+than untrained" on that metric and never named best. The raw input (one value, unless the seeds
+vary the split: then one per seed, paired like random-init) is tested the same way, by a one-sided
+one-sample t-test when it is one value. When the leader is not separated, the
 sentence says "no entrant is separated" and states the smallest difference the run could have
 detected (power 0.8 at the level its tests used, from the paired differences' spread and n:
 `stats.detectable_difference`); with a margin (`compare.margin`), entrants shown equivalent to the
@@ -132,6 +133,7 @@ class Verdict:
     race: Optional[RaceState] = None
     margin: Optional[float] = None
     budget: str = ""  # what broke the equal budget of the entrants' searches, when something did
+    splits: str = ""  # which split chose the configurations and which one these numbers are on
 
     def best(self, metric: str) -> Optional[Row]:
         """The ranked row with the highest mean (named best only when `winner` says so)."""
@@ -150,7 +152,7 @@ class Verdict:
     # -- words ------------------------------------------------------------------------------------
 
     def sentences(self) -> list[str]:
-        return [self._sentence(m) for m in self.metrics] + ([self.budget] if self.budget else [])
+        return [self._sentence(m) for m in self.metrics] + [t for t in (self.budget, self.splits) if t]
 
     def _sentence(self, m: str) -> str:
         d = self.decisions.get(m, Decision(m))
@@ -465,7 +467,35 @@ def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05
     ref_cells = {name: {m: _cell(v) for m, v in by_m.items()} for name, by_m in refs.items()}
     means = {name: {m: c.mean for m, c in cells.items()} for name, cells in ref_cells.items()}
     return Verdict(sorted(rows, key=lambda r: r.entrant), means, metrics, test, alpha, unfinished,
-                   decisions, ref_cells, race, margin, budget_note(list(search)))
+                   decisions, ref_cells, race, margin, budget_note(list(search)),
+                   splits_note(list(search), [r for runs in by_candidate.values() for r in runs]))
+
+
+def _dataset(record: Mapping) -> Mapping:
+    return ((record.get("config") or {}).get("dataset") or {}) if isinstance(record, Mapping) else {}
+
+
+def splits_note(search: Sequence[Mapping], repeat: Sequence[Mapping]) -> str:
+    """Which split chose the configurations and which one the verdict's numbers are on, from the records:
+    a reader must know when the search read the split it is judged on."""
+    chosen = {_dataset(r).get("evaluate_on", "test") for r in search}
+    if not chosen or not repeat:
+        return ""
+    if chosen == {"val"}:
+        fractions = sorted({_dataset(r).get("val_fraction") for r in search} - {None})
+        part = f"{fractions[0]:.0%} of the training split" if len(fractions) == 1 else "the training split"
+        text = (f"Configurations were chosen on a validation split ({part}, stratified); every number "
+                "here is on the test split, which the searches never read")
+    elif "val" in chosen:
+        text = ("Some search trials were scored on a validation split and some on the test split: the "
+                "numbers here may be optimistic")
+    else:
+        text = ("The searches chose their configurations on the test split these numbers are on "
+                "(dataset.val_fraction: 0): they are optimistic")
+    if any(_dataset(r).get("resplit") for r in repeat):
+        text += ("; each seed drew its own train/test split (compare.vary: [init, split]), and the "
+                 "references were measured on each seed's split and paired with it")
+    return text + "."
 
 
 def budget_note(search: Sequence[Mapping]) -> str:
@@ -687,11 +717,20 @@ def _against_references(rows: list[Row], m: str, d: Decision,
             d.beats_untrained[r.entrant] = q < alpha
     raw = refs.get(RAW, {}).get(m, {})
     if raw:
-        value = float(np.mean(list(raw.values())))
-        qs = holm([stats.above_p(list(r.cells[m].seeds.values()), value) for r in ok])
+        qs = holm([_above_raw(r.cells[m].seeds, raw) for r in ok])
         for r, q in zip(ok, qs):
             r.cells[m].raw_p = q
             d.beats_raw[r.entrant] = q < alpha
+
+
+def _above_raw(values: Mapping[int, float], raw: Mapping[int, float]) -> float:
+    """One-sided p of a row's seeds above the raw input: one value when every seed scored the same input
+    (a one-sample test), else (`compare.vary: [init, split]`, a split per seed) paired by seed."""
+    shared = sorted(set(values) & set(raw))
+    if len(set(raw.values())) > 1 and len(shared) >= 2:
+        return stats.paired_p(np.array([values[s] for s in shared]), np.array([raw[s] for s in shared]),
+                              "greater")
+    return stats.above_p(list(values.values()), float(np.mean(list(raw.values()))))
 
 
 def _pair_reference(r: Row, m: str) -> tuple[np.ndarray, np.ndarray]:

@@ -159,7 +159,11 @@ def default_root() -> Path:
 def _prepare(cfg: DatasetConfig) -> DataSplit:
     split = DATASETS[cfg.name](cfg)
     _check_classes(split, cfg)
+    if cfg.resplit:
+        split = _resplit(split, cfg.split_seed)
     split = _subsample(split, cfg.max_train, cfg.max_test, cfg.split_seed)
+    if cfg.evaluate_on == "val":  # from here on the test split is gone: nothing below can read it
+        split = _validation(split, cfg.val_fraction, cfg.split_seed)
     split = _contiguous_labels(split)
     if split.modality == "image" and cfg.as_vectors:
         if is_streamed(split.x_train):
@@ -240,6 +244,25 @@ def _subsample(split: DataSplit, max_train: int | None, max_test: int | None, se
             changes[f"x_{part}"] = getattr(split, f"x_{part}")[idx]
             changes[f"y_{part}"] = y[idx]
     return dataclasses.replace(split, **changes) if changes else split
+
+
+def _resplit(split: DataSplit, seed: int) -> DataSplit:
+    """Training and test samples pooled and split again, stratified, with the test split's size (a
+    compare's `vary: [init, split]`: each seed's split)."""
+    if is_streamed(split.x_train) or is_streamed(split.x_test):
+        raise DataError("dataset.resplit: needs the images in memory (dataset.cache: memory)")
+    x, y = torch.cat([split.x_train, split.x_test]), torch.cat([split.y_train, split.y_test])
+    tr, te = stratified_indices(y.numpy(), seed=seed, what="dataset.resplit", test_size=len(split.y_test))
+    return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_test=x[te], y_test=y[te])
+
+
+def _validation(split: DataSplit, fraction: float, seed: int) -> DataSplit:
+    """The training split's rest as the training data, its validation part (stratified, seeded) as the
+    held-out data: what a search's trial trains and is scored on. The test split is dropped."""
+    tr, va = stratified_indices(split.y_train.numpy(), seed=seed, what="dataset.val_fraction",
+                                test_size=fraction)
+    x, y = split.x_train, split.y_train
+    return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_test=x[va], y_test=y[va])
 
 
 def stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int | None = None,

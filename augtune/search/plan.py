@@ -88,9 +88,19 @@ def check_metric(cfg: Config) -> None:
 SAMPLES_CHECKED = 16  # seeded samples of a space checked at planning, beside its points
 
 
-def fit_size(data) -> int:
-    """The samples a method trains on: the training split and any unlabelled rows (STL-10's)."""
-    return len(data.y_train) + (0 if data.x_unlabeled is None else len(data.x_unlabeled))
+def fit_size(data, val_fraction: float = 0.0) -> int:
+    """The samples a method trains on: the training split, less the validation split `val_fraction` of it
+    that a search's trials hold out (scikit-learn's rounding), and any unlabelled rows (STL-10's)."""
+    n = len(data.y_train)
+    return n - math.ceil(n * val_fraction) + (0 if data.x_unlabeled is None else len(data.x_unlabeled))
+
+
+def selecting(cfg: Config) -> Config:
+    """`cfg` as a search's trials run it: scored on the validation split when `dataset.val_fraction`
+    carves one, so that choosing a configuration never reads the test split (its repeat runs are scored
+    on the test split: `trainables.ray_trainable.repeat_params`)."""
+    on = "val" if cfg.dataset.val_fraction > 0 else "test"
+    return replace(cfg, dataset=replace(cfg.dataset, evaluate_on=on))
 
 
 def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = None,
@@ -109,8 +119,10 @@ def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = No
             if modality is not None:
                 check_modality(cfg, modality)
             if n_train is not None and cfg.train.batch_size > n_train:  # the loop would refuse it
+                held = (f" left after dataset.val_fraction's validation split "
+                        f"({cfg.dataset.val_fraction:g})" if cfg.dataset.evaluate_on == "val" else "")
                 raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the training "
-                                  f"set ({n_train} samples)")
+                                  f"set ({n_train} samples{held})")
         except ConfigError as e:
             raise ConfigError(f"search.space ({what} {i}): {e}") from None
         if cfg.search.metric not in reported_metrics(cfg):
@@ -204,7 +216,7 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
     from augtune.search.searchers import check_algorithm
     from augtune.spaces import resolve_space
 
-    cfg = absolute_paths(cfg)
+    cfg = selecting(absolute_paths(cfg))
     if cfg.search.space is None:
         raise ConfigError("search.space: a search needs a space: a registered name (simclr, byol, moco, "
                           "simsiam, ...) or an inline mapping {dotted key: domain}")
@@ -319,6 +331,10 @@ def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
         f"  algorithm: {s.algorithm}, {trials} trial(s), optimising {s.metric} ({s.mode}); "
         f"scheduler: {sched}",
         f"  each trial: {cfg.train.epochs} epochs, needs {need}",
+        ("  scored on a validation split (dataset.val_fraction "
+         f"{cfg.dataset.val_fraction:g} of the training split); the repeat on the test split"
+         if cfg.dataset.evaluate_on == "val" else
+         "  scored on the test split (dataset.val_fraction: 0): selection reads the split it is judged on"),
         f"  repeat: {repeats} run(s)" + (f" (best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
                                         + f" on seeds {list(rb.seeds)})" if repeat_runs is None and
                                         rb.top else ""),

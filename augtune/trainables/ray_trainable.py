@@ -135,7 +135,7 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     """
     repeat = REPEAT in params
     params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
-    cfg = trial_config(params, base)
+    cfg = trial_config(repeat_params(params, base) if repeat else params, base)
     about = {"params": dict(params), "phase": "repeat" if repeat else "search", "entrant": method_label(cfg),
              "process": os.getpid()}
     records = (repeats or experiment) if repeat else experiment
@@ -146,6 +146,17 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
             about["checkpoints"] = posixpath.relpath(f"{tune_run}/{folder.name}", f"{records}/{folder.name}")
         return _in_trial(cfg, folder, hook, about)
     return _train_driver(cfg, folder, about)  # Train keeps its checkpoints in the trial's folder
+
+
+def repeat_params(params: dict, base: dict) -> dict:
+    """What a repeat run trains with besides its parameters: it is scored on the test split (the search
+    trials it repeats were scored on the validation split: `search.plan.selecting`) and, with a compare's
+    `vary: [init, split]`, on the train/test split its own seed draws. Its record keeps `params` alone,
+    which name its configuration."""
+    out = {**params, "dataset.evaluate_on": "test"}
+    if "split" in ((base.get("compare") or {}).get("vary") or ()):
+        out.update({"dataset.resplit": True, "dataset.split_seed": params["train.seed"]})
+    return out
 
 
 def tune_entrant_trial(params: dict, bases: dict, experiments: dict, **where) -> None:
