@@ -659,7 +659,7 @@ def part_compare(check: Check) -> dict:
             "compare.seeds=1",
             "train.epochs=1",
             "compare.methods=[base]",
-            "dataset.max_train=320",  # 256 left beside the validation split: the space's batch
+            "dataset.max_train=256",
             "eval.metrics=[knn]",
             "compare.metrics=[knn_acc]",
         ]
