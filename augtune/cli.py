@@ -11,7 +11,7 @@ import datetime as _dt
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -185,7 +185,8 @@ def _print_final_table(exp_dir: Path, cfg) -> None:
         print(f"augtune: no table: {e}")
 
 
-def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool) -> int:
+def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool,
+                budget_s: Optional[float] = None) -> int:
     """Run a search-like job as the Python API does (`augtune.api.run_job`: one progress line, Ray's
     chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
     finish, one line saying why."""
@@ -195,7 +196,7 @@ def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool
     from augtune.search.launch import RayStartFailed
 
     try:
-        run_job(run, experiment, cfg, verbose)
+        run_job(run, experiment, cfg, verbose, budget_s)
     except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use, untrusted state
         raise UsageError(str(e)) from None
     except (SearchInterrupted, KeyboardInterrupt):
@@ -331,6 +332,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError, load_config
     from augtune.data import DataError, load_dataset
     from augtune.plots import PLOTS, end_of_run_figures
+    from augtune.api import time_budget_s
     from augtune.search.compare import describe_compare, plan_compare, run_compare
     from augtune.search.experiment import check_name, check_name_free, data_subject, default_name
     from augtune.search.plan import resolve_storage
@@ -351,13 +353,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("\n".join(describe_compare(plan)))
         return 0
     print(f"compare {plan.experiment}: {len(plan.labels)} entrants ({', '.join(plan.labels)}), "
-          f"{cfg.compare.trials} trials each, best re-run on {cfg.compare.seeds} seeds", flush=True)
+          f"{plan.cfg.compare.trials} trials each, best re-run on {plan.cfg.compare.seeds} seeds", flush=True)
+    if plan.budget:
+        print(plan.budget, flush=True)
     return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
-                           args.verbose)
+                           args.verbose, time_budget_s(plan.cfg))
 
 
-def _finish_compare(plan, run, verbose: bool) -> int:
-    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose)
+def _finish_compare(plan, run, verbose: bool, budget_s: Optional[float] = None) -> int:
+    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose, budget_s)
     if code == 0:
         _compare_verdict(plan.experiment)
         print(f"experiment: {plan.experiment}")

@@ -359,6 +359,10 @@ class CompareConfig:
     # samples, where which samples land in it moves accuracy by about as much as a method does; [init] on
     # larger ones, whose split (often a published one) then stays the one results are reported on
     vary: Optional[tuple[str, ...]] = None
+    # a wall-time budget such as 20m, 90s, 1.5h: trials and epochs shrink together (then seeds, to 2) until
+    # the compare's estimate fits, from each entrant's first epoch timed before Ray starts; the values above
+    # and train.epochs are the most it runs. None: no budget
+    time_budget: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -566,6 +570,12 @@ def _validate_section(obj: Any, prefix: str) -> None:
     if isinstance(obj, RepeatBestConfig):
         for i, seed in enumerate(obj.seeds):
             _check_range(f"{prefix}.seeds[{i}]", seed, {"min": 0, "max": MAX_SEED})
+    if isinstance(obj, CompareConfig) and obj.time_budget is not None:
+        try:
+            parse_duration(obj.time_budget)
+        except ValueError:
+            raise ConfigError(f"{prefix}.time_budget: expected a duration such as 90s, 20m, 1.5h; got "
+                              f"{short(obj.time_budget)}") from None
     if isinstance(obj, CompareConfig) and obj.vary is not None:
         unknown = [v for v in obj.vary if v not in VARY]
         if unknown or "init" not in obj.vary or len(set(obj.vary)) != len(obj.vary):

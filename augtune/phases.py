@@ -15,6 +15,12 @@ def parse_phases(text: str, epochs: int) -> list[str]:
     """
     if not text or not text.strip():
         return [""] * epochs
+    return [name for name, n in segments(text, epochs) for _ in range(n)]
+
+
+def segments(text: str, epochs: int) -> list[tuple[str, int]]:
+    """(name, epochs) of every segment of a schedule string scaled to `epochs` (`parse_phases`); a
+    segment that vanishes in a short run has 0 epochs."""
     names, counts = [], []
     for part in text.split(","):
         m = _SEGMENT.match(part)
@@ -31,7 +37,7 @@ def parse_phases(text: str, epochs: int) -> list[str]:
     for name, count in zip(names, counts):
         cum += count
         end = round(cum * epochs / total)
-        out += [name] * (end - start)
+        out.append((name, end - start))
         start = end
     return out
 

@@ -134,6 +134,7 @@ class Verdict:
     margin: Optional[float] = None
     budget: str = ""  # what broke the equal budget of the entrants' searches, when something did
     splits: str = ""  # which split chose the configurations and which one these numbers are on
+    time_budget: str = ""  # the compare.time_budget it ran under, and what that left each entrant
 
     def best(self, metric: str) -> Optional[Row]:
         """The ranked row with the highest mean (named best only when `winner` says so)."""
@@ -152,7 +153,8 @@ class Verdict:
     # -- words ------------------------------------------------------------------------------------
 
     def sentences(self) -> list[str]:
-        return [self._sentence(m) for m in self.metrics] + [t for t in (self.budget, self.splits) if t]
+        return [self._sentence(m) for m in self.metrics] + [
+            t for t in (self.budget, self.time_budget, self.splits) if t]
 
     def _sentence(self, m: str) -> str:
         d = self.decisions.get(m, Decision(m))
@@ -468,7 +470,21 @@ def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05
     means = {name: {m: c.mean for m, c in cells.items()} for name, cells in ref_cells.items()}
     return Verdict(sorted(rows, key=lambda r: r.entrant), means, metrics, test, alpha, unfinished,
                    decisions, ref_cells, race, margin, budget_note(list(search)),
-                   splits_note(list(search), [r for runs in by_candidate.values() for r in runs]))
+                   splits_note(list(search), [r for runs in by_candidate.values() for r in runs]),
+                   time_note([r for runs in by_candidate.values() for r in runs]))
+
+
+def time_note(repeat: Sequence[Mapping]) -> str:
+    """The time budget the compare ran under, from its repeat runs' config, and what it sized."""
+    configs = [r.get("config") or {} for r in repeat if isinstance(r, Mapping)]
+    budgets = {(c.get("compare") or {}).get("time_budget") for c in configs} - {None}
+    if len(budgets) != 1:
+        return ""
+    c = configs[0]
+    compare, train = c.get("compare") or {}, c.get("train") or {}
+    return (f"Run under compare.time_budget {budgets.pop()}: {compare.get('trials')} trial(s), "
+            f"{train.get('epochs')} epoch(s) and {compare.get('seeds')} seed(s) per entrant, sized from "
+            "each entrant's measured first epoch.")
 
 
 def _dataset(record: Mapping) -> Mapping:

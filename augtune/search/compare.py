@@ -16,6 +16,7 @@ entrant's best configuration on the shared seeds (`augtune.search.repeat`), whos
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -95,6 +96,7 @@ class ComparePlan:
     plans: tuple  # one SearchPlan per entrant, in order
     labels: tuple[str, ...]
     modality: Optional[str] = None
+    budget: str = ""  # how `compare.time_budget` sized the compare, when it is set
 
     def save(self) -> None:
         from augtune.search.storage import write_bytes
@@ -118,6 +120,9 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                           f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     if data is not None and cfg.compare.vary is None:
         cfg = replace(cfg, compare=replace(cfg.compare, vary=default_vary(len(data.y_test))))
+    budget = ""
+    if data is not None and cfg.compare.time_budget is not None:
+        cfg, budget = fit_time_budget(cfg, modality, address)
     experiment = f"{storage.rstrip('/')}/{name}"
     plans = []
     for e in entrants(cfg, modality):
@@ -130,7 +135,41 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                                  dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
                                  check_data=False, modality=modality,
                                  n_train=None if data is None else fit_size(data, cfg.dataset.val_fraction)))
-    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality)
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget)
+
+
+def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -> tuple[Config, str]:
+    """`cfg` with `compare.trials`, `train.epochs` and `compare.seeds` sized to `compare.time_budget`
+    from each entrant's first epoch, measured here (`augtune.search.budget`), and the line that says so.
+    The measuring is part of the budget."""
+    import os
+
+    from augtune.data import load_dataset
+    from augtune.search import budget as b
+    from augtune.search.plan import concurrency, selecting
+    from augtune.spaces import resolve_space
+
+    start = time.monotonic()
+    total = b.budget_seconds(cfg)
+    data = load_dataset(selecting(cfg).dataset)  # what a search trial trains and is scored on
+    costs = []
+    for e in entrants(cfg, modality):
+        entrant = entrant_config(cfg, e)
+        space = resolve_space(entrant.search, modality)
+        first = space.points_to_evaluate[0] if space.points_to_evaluate else {}
+        costs.append(b.measure(selecting(from_dict(set_values(to_dict(entrant), first))), data))
+    c = cfg.compare
+    if address:  # a cluster's size is known once Ray is connected: its concurrency limit, else one
+        slots = cfg.search.max_concurrent or 1
+    else:  # a local Ray takes this machine's CPUs
+        first = entrant_config(cfg, entrants(cfg, modality)[0])
+        slots = concurrency(first, {"CPU": float(os.cpu_count() or 1)})
+    spent = time.monotonic() - start  # the measuring: part of the budget, as Ray's start is
+    got = b.allocate(costs, total, trials=c.trials, epochs=cfg.train.epochs, seeds=c.seeds, slots=slots,
+                     start_s=b.START_S + spent)
+    fitted = replace(cfg, compare=replace(c, trials=got.trials, seeds=got.seeds),
+                     train=replace(cfg.train, epochs=got.epochs))
+    return fitted, got.describe((c.trials, cfg.train.epochs, c.seeds))
 
 
 def default_vary(n_test: int) -> tuple[str, ...]:
@@ -159,7 +198,7 @@ def describe_compare(plan: ComparePlan) -> list[str]:
     runs = trials + len(seeds) * len(plan.plans)
     lines.append(f"in all: {trials} search trials and {len(seeds) * len(plan.plans)} repeat runs, at most "
                  f"{runs * epochs} epochs")
-    return lines
+    return lines + ([plan.budget] if plan.budget else [])
 
 
 def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] = None):

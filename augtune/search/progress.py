@@ -37,8 +37,10 @@ class Progress(Callback):
         tty: Optional[bool] = None,  # redraw one line ("\r"); None: when the stream is a terminal
         every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        budget_s: Optional[float] = None,  # a compare's `time_budget`: the line shows what is left of it
     ):
         self.metric, self.mode, self.total, self.title = metric, mode, total, title
+        self.budget_s = budget_s
         self.stream, self.every_s, self.clock = stream or sys.stdout, every_s, clock
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
         self.start = clock()
@@ -145,6 +147,10 @@ class Progress(Callback):
         # at this session's rate: the trials a resumed search had finished took none of `elapsed`
         if 0 < self.ended and finished < total:
             parts.append(f"~{_duration(elapsed / self.ended * (total - finished))} left")
+        if self.budget_s is not None:
+            left = self.budget_s - elapsed
+            parts.append(f"budget {_duration(self.budget_s)}: " +
+                         (f"{_duration(left)} left" if left >= 0 else f"{_duration(-left)} over"))
         return "  ".join(parts)
 
     def _show(self, trials, force: bool) -> None:

@@ -1,0 +1,157 @@
+"""A compare under a time budget (`compare.time_budget: 20m`): trials, epochs and seeds sized to fit.
+
+Before Ray starts, each entrant trains one epoch in this process on the search's data with its first
+configuration (the papers' defaults), timed: set-up and the final evaluation are one run's fixed cost,
+the epoch its cost per epoch. The compare's wall time is then estimated as
+
+    start + sum over entrants of (trials + seeds) x (epochs x epoch_s + fixed_s + run) / slots
+
+(`slots`: the trials that run at once; `start` (the measuring itself, Ray's start, the trial processes'
+imports, the verdict, report and importances at the end) and `run` (what Tune spends on each run
+besides training it), constants taken from the main job on two CPU cores). ASHA stops some search
+trials early, which the estimate ignores.
+
+The config's `compare.trials`, `train.epochs` and `compare.seeds` are the most the compare runs. When
+their estimate passes the budget, trials and epochs shrink by one factor together (epochs never below
+what every entrant needs: a phase schedule such as DiffAug's keeps each of its phases at least one
+epoch), the largest factor that fits; only when the smallest of both does not fit do the seeds shrink,
+down to two (the fewest a paired test can use). Shorter still is refused before anything starts, with
+the estimate of the smallest design. Every entrant gets the same trials, epochs and seeds: the equal
+budget holds. How close the estimate comes is measured on the results page ("time budget").
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from augtune.config import Config, ConfigError, parse_duration
+from augtune.phases import segments
+
+# what the main job spends beside its runs' own set-up, epochs and evaluation on two CPU cores (results
+# page, "time budget"): once, Ray's start, the trial processes' imports, the verdict, report and
+# importances; per run, Tune's start of it in a reused process, its records, checkpoints and references
+START_S = 30.0
+RUN_S = 1.0
+MIN_SEEDS = 2  # the fewest seeds a paired test can use
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One entrant's measured cost: seconds per training epoch, and per run besides its epochs."""
+
+    entrant: str
+    epoch_s: float
+    fixed_s: float
+    min_epochs: int = 1
+
+
+@dataclass(frozen=True)
+class Allocation:
+    trials: int
+    epochs: int
+    seeds: int
+    estimate_s: float
+    budget_s: float
+
+    def describe(self, asked: tuple[int, int, int]) -> str:
+        """`time budget 20 min: 3 trials, 6 epochs, 3 seeds per entrant (asked: ...), estimated 14 min`"""
+        got = (self.trials, self.epochs, self.seeds)
+        was = "" if got == asked else f" (asked: {asked[0]} trials, {asked[1]} epochs, {asked[2]} seeds)"
+        return (f"time budget {_minutes(self.budget_s)}: {self.trials} trial(s), {self.epochs} epoch(s), "
+                f"{self.seeds} seed(s) per entrant{was}; estimated {_minutes(self.estimate_s)} from the "
+                "entrants' measured first epochs")
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
+
+
+def wall_s(costs: Sequence[Cost], trials: int, epochs: int, seeds: int, slots: int,
+           start_s: float = START_S) -> float:
+    """The estimated wall time of a compare of these entrants (see the module doc)."""
+    work = sum((trials + seeds) * (epochs * c.epoch_s + c.fixed_s + RUN_S) for c in costs)
+    return start_s + work / max(1, slots)
+
+
+def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int, seeds: int, slots: int,
+             start_s: float = START_S) -> Allocation:
+    """The trials, epochs and seeds that fit `budget_s` (the module doc's rule); ConfigError when even
+    the smallest design does not."""
+    floor_e = min(epochs, max((c.min_epochs for c in costs), default=1))
+
+    def fits(t: int, e: int, s: int) -> bool:
+        return wall_s(costs, t, e, s, slots, start_s) <= budget_s
+
+    def shrunk(k: float) -> tuple[int, int]:
+        return max(1, math.floor(trials * k)), max(floor_e, math.floor(epochs * k))
+
+    s = seeds
+    while not fits(*shrunk(0.0), s) and s > min(MIN_SEEDS, seeds):
+        s -= 1
+    t, e = shrunk(0.0)
+    if not fits(t, e, s):
+        need = wall_s(costs, t, e, s, slots, start_s)
+        raise ConfigError(f"compare.time_budget: {_minutes(budget_s)} is too short for these entrants: even "
+                          f"{t} trial, {e} epoch(s) and {s} seeds each take about {_minutes(need)} here")
+    if s == seeds:  # the largest factor of trials and epochs that fits, to 1/1000
+        lo, hi = 0.0, 1.0
+        if fits(*shrunk(1.0), s):
+            lo = 1.0
+        else:
+            for _ in range(10):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if fits(*shrunk(mid), s) else (lo, mid)
+        t, e = shrunk(lo)
+    return Allocation(t, e, s, wall_s(costs, t, e, s, slots, start_s), budget_s)
+
+
+def min_epochs(schedule: str, most: int = 10_000) -> int:
+    """The fewest epochs in which every segment of a phase schedule (`A:200,B:400,A:800`) keeps at least
+    one epoch (`phases.parse_phases` scales it to the run's epochs, where a short run can lose one)."""
+    if not schedule or not schedule.strip():
+        return 1
+    for e in range(len(schedule.split(",")), most + 1):
+        if all(n > 0 for _, n in segments(schedule, e)):
+            return e
+    return most
+
+
+def measure(cfg: Config, data, log=lambda s: None) -> Cost:
+    """One entrant's cost, measured in this process: set-up, an epoch, the final evaluation. A method
+    with a phase schedule trains one epoch of each of its segments (DiffAug's A-epoch before any
+    generator step, its B-epoch, its A-epoch that samples every positive), and its epoch cost is their
+    mean weighted by each segment's share of the run's `train.epochs`."""
+    from dataclasses import replace
+
+    import torch
+
+    from augtune.methods import build_method
+    from augtune.trainables.loop import Trainer
+
+    schedule = cfg.train.phases or build_method(cfg, data).default_phases()
+    floor = min_epochs(schedule)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.train.num_threads or max(1, int(cfg.resources.cpus_per_worker)))
+    try:
+        t0 = time.perf_counter()
+        trainer = Trainer(replace(cfg, train=replace(cfg.train, epochs=floor)), data, log=log)
+        set_up = time.perf_counter() - t0
+        epochs = []
+        for _ in range(floor):
+            t0 = time.perf_counter()
+            trainer.train_epoch()
+            epochs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        trainer.evaluate(cfg.eval.metrics)
+        evaluate = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    shares = [n for _, n in segments(schedule, cfg.train.epochs)] if floor > 1 else [cfg.train.epochs]
+    epoch = sum(t * n for t, n in zip(epochs, shares)) / max(1, sum(shares))
+    return Cost("+".join((cfg.method.base, *cfg.method.augment)), epoch, set_up + evaluate, floor)
+
+
+def budget_seconds(cfg: Config) -> float:
+    return parse_duration(cfg.compare.time_budget)
