@@ -299,3 +299,75 @@ def test_search_into_a_bucket_killed_then_resumed_from_the_uri_elsewhere(s3_serv
     assert "| simclr |" in table.stdout and "(4)" in table.stdout, table.stdout
     assert "augtune-copy" not in table.stdout + table.stderr
     assert sorted(p.name for p in elsewhere.iterdir()) == []  # status and export leave nothing behind
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_search_outlives_the_object_store_being_unreachable_for_a_while(tmp_path):
+    """moto's server stopped mid-search (a trial finished, another part-way) and started again on the
+    same port 15 s later: the search either waits it out or ends with one line saying how to resume;
+    resumed, every trial has all its epochs and the trials that had finished are not run again."""
+    from moto.server import ThreadedMotoServer
+
+    import boto3
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    s3 = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+          "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+          "AWS_EC2_METADATA_DISABLED": "true",
+          "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    env = {**os.environ, **s3, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    bucket = f"augtune-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    saved = {k: os.environ.get(k) for k in s3}
+    os.environ.update(s3)  # `records` reads the bucket from this process
+    config = tmp_path / "search.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    exp = f"s3://{bucket}/searches/exp"
+    driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "search", str(config), "--storage",
+                               f"s3://{bucket}/searches", "--name", "exp"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            recs = records(exp)
+            if any(r["status"] == "completed" for r in recs.values()) and any(
+                    r["status"] == "running" and len(r["epochs"]) >= 2 for r in recs.values()):
+                break
+            assert driver.poll() is None, "the search ended before the outage"
+            time.sleep(0.3)
+        else:
+            pytest.fail("never saw a finished trial next to a part-way one")
+        before = {n: r for n, r in records(exp).items() if r["status"] == "completed"}
+        server.stop()
+        time.sleep(15)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # moto's buckets
+        server.start()  # live in this process: the same ones come back
+        out, err = driver.communicate(timeout=600)
+        if driver.returncode != 0:  # it gave up: in one line, saying how to continue
+            last = err.strip().splitlines()[-1]
+            assert last.startswith("augtune:") and f"augtune resume {exp}" in last, err[-2000:]
+            res = augtune(env, tmp_path, "resume", exp)
+            assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        after = records(exp)
+        assert len(after) == 4 and all(r["status"] == "completed" for r in after.values()), {
+            n: r["status"] for n, r in after.items()}
+        for name, r in after.items():
+            assert [e["epoch"] for e in r["epochs"]] == list(range(1, 11)), name
+        for name, r in before.items():
+            assert after[name]["epochs"] == r["epochs"]  # finished before the outage: not run again
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # its local Ray, and nothing else
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

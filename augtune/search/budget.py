@@ -1,8 +1,9 @@
 """A compare under a time budget (`compare.time_budget: 20m`): trials, epochs and seeds sized to fit.
 
 Before Ray starts, each entrant trains one epoch in this process on the search's data with its first
-configuration (the papers' defaults), timed: set-up and the final evaluation are one run's fixed cost,
-the epoch its cost per epoch. The compare's wall time is then estimated as
+configuration (the papers' defaults), timed: set-up and the final evaluation (measured for the first
+entrant: every entrant has the same backbone, data and metrics) are one run's fixed cost, the epoch its
+cost per epoch. The compare's wall time is then estimated as
 
     start + sum over entrants of (trials + seeds) x (epochs x epoch_s + fixed_s + run) / slots
 
@@ -43,8 +44,9 @@ class Cost:
 
     entrant: str
     epoch_s: float
-    fixed_s: float
+    fixed_s: float  # set-up and the final evaluation
     min_epochs: int = 1
+    evaluate_s: float = 0.0  # the final evaluation's part of fixed_s
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,12 @@ def min_epochs(schedule: str, most: int = 10_000) -> int:
     return most
 
 
-def measure(cfg: Config, data, log=lambda s: None) -> Cost:
+def measure(cfg: Config, data, log=lambda s: None, evaluate_s: float | None = None) -> Cost:
     """One entrant's cost, measured in this process: set-up, an epoch, the final evaluation. A method
     with a phase schedule trains one epoch of each of its segments (DiffAug's A-epoch before any
     generator step, its B-epoch, its A-epoch that samples every positive), and its epoch cost is their
-    mean weighted by each segment's share of the run's `train.epochs`."""
+    mean weighted by each segment's share of the run's `train.epochs`. `evaluate_s`: the evaluation's
+    time when another entrant measured it (the same backbone, data and metrics: the same cost)."""
     from dataclasses import replace
 
     import torch
@@ -143,14 +146,16 @@ def measure(cfg: Config, data, log=lambda s: None) -> Cost:
             t0 = time.perf_counter()
             trainer.train_epoch()
             epochs.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        trainer.evaluate(cfg.eval.metrics)
-        evaluate = time.perf_counter() - t0
+        if evaluate_s is None:
+            t0 = time.perf_counter()
+            trainer.evaluate(cfg.eval.metrics)
+            evaluate_s = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
     shares = [n for _, n in segments(schedule, cfg.train.epochs)] if floor > 1 else [cfg.train.epochs]
     epoch = sum(t * n for t, n in zip(epochs, shares)) / max(1, sum(shares))
-    return Cost("+".join((cfg.method.base, *cfg.method.augment)), epoch, set_up + evaluate, floor)
+    return Cost("+".join((cfg.method.base, *cfg.method.augment)), epoch, set_up + evaluate_s, floor,
+                evaluate_s)
 
 
 def budget_seconds(cfg: Config) -> float:

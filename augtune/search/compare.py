@@ -152,12 +152,13 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     start = time.monotonic()
     total = b.budget_seconds(cfg)
     data = load_dataset(selecting(cfg).dataset)  # what a search trial trains and is scored on
-    costs = []
+    costs: list = []
     for e in entrants(cfg, modality):
         entrant = entrant_config(cfg, e)
         space = resolve_space(entrant.search, modality)
         first = space.points_to_evaluate[0] if space.points_to_evaluate else {}
-        costs.append(b.measure(selecting(from_dict(set_values(to_dict(entrant), first))), data))
+        costs.append(b.measure(selecting(from_dict(set_values(to_dict(entrant), first))), data,
+                               evaluate_s=costs[0].evaluate_s if costs else None))
     c = cfg.compare
     if address:  # a cluster's size is known once Ray is connected: its concurrency limit, else one
         slots = cfg.search.max_concurrent or 1
