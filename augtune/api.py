@@ -264,15 +264,18 @@ def compare(cfg: ConfigLike, *, storage: Optional[str] = None, name: Optional[st
     plan = plan_compare(cfg, data.modality, storage=storage, name=name, address=address,
                         dashboard=dashboard, figure_kinds=PLOTS, data=data)
     run_job(lambda callbacks: run_compare(plan, on_completed=end_of_run_figures, callbacks=callbacks),
-            plan.experiment, plan.plans[0].cfg, verbose, budget_s=time_budget_s(plan.cfg))
+            plan.experiment, plan.plans[0].cfg, verbose, budget=time_budget_of(plan))
     return Experiment(plan.experiment)
 
 
-def time_budget_s(cfg) -> Optional[float]:
-    """A compare's `time_budget` in seconds, or None."""
+def time_budget_of(plan) -> Optional[tuple[float, float]]:
+    """A new compare's `time_budget` in seconds and when it began (its measuring, on time.monotonic's
+    clock), or None."""
     from augtune.config import parse_duration
 
-    return parse_duration(cfg.compare.time_budget) if cfg.compare.time_budget else None
+    if not plan.cfg.compare.time_budget or plan.budget_began is None:
+        return None
+    return parse_duration(plan.cfg.compare.time_budget), plan.budget_began
 
 
 def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_errored: bool = False,
@@ -300,10 +303,12 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     return exp
 
 
-def run_job(run, experiment: str, cfg, verbose: bool = False, budget_s: Optional[float] = None) -> None:
+def run_job(run, experiment: str, cfg, verbose: bool = False,
+            budget: Optional[tuple[float, float]] = None) -> None:
     """Run a search-like job (`run(callbacks)`) with one progress line and Ray's own messages in the
-    experiment's log; Ctrl-C becomes SearchInterrupted (its message says how to continue). `budget_s`: a
-    new compare's `time_budget`, which the progress line counts down."""
+    experiment's log; Ctrl-C becomes SearchInterrupted (its message says how to continue). `budget`: a
+    new compare's `time_budget` and when it began (`time_budget_of`), which the progress line counts
+    down."""
     import os
 
     from augtune.search.experiment import SearchInterrupted
@@ -315,7 +320,7 @@ def run_job(run, experiment: str, cfg, verbose: bool = False, budget_s: Optional
     s = cfg.search
     in_notebook = "ipykernel" in sys.modules  # its output redraws a line on "\r" like a terminal
     progress = Progress(s.metric, s.mode, s.num_samples if s.algorithm == "optuna" else None, title="search",
-                        tty=True if in_notebook else None, budget_s=budget_s)
+                        tty=True if in_notebook else None, budget=budget)
     try:
         run([progress])
     except KeyboardInterrupt:

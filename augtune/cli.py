@@ -186,7 +186,7 @@ def _print_final_table(exp_dir: Path, cfg) -> None:
 
 
 def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool,
-                budget_s: Optional[float] = None) -> int:
+                budget: Optional[tuple[float, float]] = None) -> int:
     """Run a search-like job as the Python API does (`augtune.api.run_job`: one progress line, Ray's
     chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
     finish, one line saying why."""
@@ -196,7 +196,7 @@ def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool
     from augtune.search.launch import RayStartFailed
 
     try:
-        run_job(run, experiment, cfg, verbose, budget_s)
+        run_job(run, experiment, cfg, verbose, budget)
     except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use, untrusted state
         raise UsageError(str(e)) from None
     except (SearchInterrupted, KeyboardInterrupt):
@@ -332,7 +332,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError, load_config
     from augtune.data import DataError, load_dataset
     from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.api import time_budget_s
+    from augtune.api import time_budget_of
     from augtune.search.compare import describe_compare, plan_compare, run_compare
     from augtune.search.experiment import check_name, check_name_free, data_subject, default_name
     from augtune.search.plan import resolve_storage
@@ -357,11 +357,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if plan.budget:
         print(plan.budget, flush=True)
     return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
-                           args.verbose, time_budget_s(plan.cfg))
+                           args.verbose, time_budget_of(plan))
 
 
-def _finish_compare(plan, run, verbose: bool, budget_s: Optional[float] = None) -> int:
-    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose, budget_s)
+def _finish_compare(plan, run, verbose: bool, budget: Optional[tuple[float, float]] = None) -> int:
+    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose, budget)
     if code == 0:
         _compare_verdict(plan.experiment)
         print(f"experiment: {plan.experiment}")

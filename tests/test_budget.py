@@ -85,7 +85,7 @@ def test_a_budgeted_compare_is_sized_before_ray_and_says_so(tmp_path):
     plan = plan_compare(cfg, data.modality, storage=str(tmp_path), name="c", data=data)
     assert (plan.cfg.compare.trials, plan.cfg.train.epochs, plan.cfg.compare.seeds) == (3, 6, 3)
     assert plan.budget.startswith("time budget 60 min: 3 trial(s), 6 epoch(s), 3 seed(s) per entrant;")
-    assert plan.budget in describe_compare(plan)
+    assert plan.budget in describe_compare(plan) and plan.budget_began is not None
     tight = load_config("examples/compare_digits.yaml",
                         ["dataset.max_train=400", "compare.methods=[base, pinda]", "compare.trials=200",
                          "compare.time_budget=90s"])
@@ -105,12 +105,13 @@ def test_a_duration_that_is_no_duration_is_refused():
 
 
 def test_the_progress_line_counts_the_budget_down():
-    now = [0.0]
-    p = Progress("knn_acc", "max", 4, stream=io.StringIO(), tty=False, clock=lambda: now[0], budget_s=600)
-    now[0] = 125
-    assert "budget 10m00s: 7m55s left" in p.line([]) or "budget 10m: " in p.line([])
+    now = [100.0]  # the budget began at 40 (the measuring), the run at 100
+    p = Progress("knn_acc", "max", 4, stream=io.StringIO(), tty=False, clock=lambda: now[0],
+                 budget=(600, 40))
+    now[0] = 225
+    assert "budget 10m00s: 6m55s left" in p.line([])  # 600 - (225 - 40)
     now[0] = 700
-    assert "over" in p.line([])
+    assert "budget 10m00s: 1m00s over" in p.line([])
 
 
 def test_the_verdict_states_the_budget_it_ran_under():

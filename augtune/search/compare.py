@@ -97,6 +97,7 @@ class ComparePlan:
     labels: tuple[str, ...]
     modality: Optional[str] = None
     budget: str = ""  # how `compare.time_budget` sized the compare, when it is set
+    budget_began: Optional[float] = None  # when its measuring began (time.monotonic): the budget's start
 
     def save(self) -> None:
         from augtune.search.storage import write_bytes
@@ -120,8 +121,9 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                           f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     if data is not None and cfg.compare.vary is None:
         cfg = replace(cfg, compare=replace(cfg.compare, vary=default_vary(len(data.y_test))))
-    budget = ""
+    budget, began = "", None
     if data is not None and cfg.compare.time_budget is not None:
+        began = time.monotonic()
         cfg, budget = fit_time_budget(cfg, modality, address)
     experiment = f"{storage.rstrip('/')}/{name}"
     plans = []
@@ -135,7 +137,7 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                                  dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
                                  check_data=False, modality=modality,
                                  n_train=None if data is None else fit_size(data, cfg.dataset.val_fraction)))
-    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget)
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began)
 
 
 def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -> tuple[Config, str]:

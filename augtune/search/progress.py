@@ -37,10 +37,11 @@ class Progress(Callback):
         tty: Optional[bool] = None,  # redraw one line ("\r"); None: when the stream is a terminal
         every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        budget_s: Optional[float] = None,  # a compare's `time_budget`: the line shows what is left of it
+        # a compare's `time_budget`: (seconds, when it began on `clock`); the line shows what is left
+        budget: Optional[tuple[float, float]] = None,
     ):
         self.metric, self.mode, self.total, self.title = metric, mode, total, title
-        self.budget_s = budget_s
+        self.budget = budget
         self.stream, self.every_s, self.clock = stream or sys.stdout, every_s, clock
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
         self.start = clock()
@@ -147,9 +148,10 @@ class Progress(Callback):
         # at this session's rate: the trials a resumed search had finished took none of `elapsed`
         if 0 < self.ended and finished < total:
             parts.append(f"~{_duration(elapsed / self.ended * (total - finished))} left")
-        if self.budget_s is not None:
-            left = self.budget_s - elapsed
-            parts.append(f"budget {_duration(self.budget_s)}: " +
+        if self.budget is not None:
+            total_s, began = self.budget
+            left = total_s - (self.clock() - began)
+            parts.append(f"budget {_duration(total_s)}: " +
                          (f"{_duration(left)} left" if left >= 0 else f"{_duration(-left)} over"))
         return "  ".join(parts)
 
