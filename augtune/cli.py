@@ -374,9 +374,12 @@ def _compare_verdict(exp_dir: str) -> None:
 
     result = answer(exp_dir)
     print(result.verdict.render("md"))
-    print("which hyperparameters mattered:")
-    for line in result.importances.values():
-        print(f"  {line}")
+    if result.importances:
+        print("which hyperparameters mattered:")
+        for line in result.importances.values():
+            print(f"  {line}")
+    else:
+        print("which hyperparameters mattered: not measurable (too few search trials per entrant)")
     print(f"report: {result.report}")
 
 

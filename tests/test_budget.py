@@ -123,6 +123,6 @@ def test_the_verdict_states_the_budget_it_ran_under():
     repeat = [record("a", s, 0.9) for s in (1, 2, 3)]
     note = time_note(repeat)
     assert note == ("Run under compare.time_budget 20m: 2 trial(s), 5 epoch(s) and 3 seed(s) per entrant, "
-                    "sized from each entrant's measured first epoch.")
+                    "sized from each entrant's epochs, measured before the compare started.")
     assert note in verdict(repeat, ("knn_acc",)).sentences()
     assert time_note([{**r, "config": {}} for r in repeat]) == ""

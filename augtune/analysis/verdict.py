@@ -484,7 +484,7 @@ def time_note(repeat: Sequence[Mapping]) -> str:
     compare, train = c.get("compare") or {}, c.get("train") or {}
     return (f"Run under compare.time_budget {budgets.pop()}: {compare.get('trials')} trial(s), "
             f"{train.get('epochs')} epoch(s) and {compare.get('seeds')} seed(s) per entrant, sized from "
-            "each entrant's measured first epoch.")
+            "each entrant's epochs, measured before the compare started.")
 
 
 def _dataset(record: Mapping) -> Mapping:
