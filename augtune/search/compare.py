@@ -394,7 +394,9 @@ class RaceOfFinalists:
         pending = due(state)
         if state.stopped == "alone" and not state.rounds:  # one entrant: no race, its round 1 all the same
             first = state.settings.seeds[:state.settings.min_seeds]
-            pending = [(c.id, s) for c in state.racing for s in first if s not in state.results.get(c.id, {})]
+            pending = [(c.id, s) for c in state.racing for s in first]
+        ran = {(e.config.get(CANDIDATE), e.config[REPEAT].get("train.seed")) for e in repeats}
+        pending = [cs for cs in pending if cs not in ran]  # a run that ended (or failed) is never asked again
         cost = {name: epoch_seconds(Path(folder)) for name, folder, _, _ in self.entrants}
         pending.sort(key=lambda cs: -cost.get(state.candidate(cs[0]).entrant, 0.0))  # stable
         self._report(state)
