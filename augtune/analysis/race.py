@@ -308,10 +308,14 @@ def candidate_of(record: Mapping) -> str:
 
 def failed_candidates(records: Sequence[Mapping]) -> dict[str, str]:
     """{candidate: why}: the candidates a run of which failed for good (status `failed`, a NaN loss
-    say): the search layer withdraws them as their runs fail, so the records must too."""
+    say): the search layer withdraws them as their runs fail, so the records must too. A run lost
+    with a killed driver (`recovery.settle_lost_records`: "lost: ...") was made again, and a seed
+    with a completed run of the candidate has its result: neither withdraws it."""
+    done = {(candidate_of(r), r.get("seed")) for r in records if r.get("status") == "completed"}
     out: dict[str, str] = {}
     for r in records:
-        if r.get("status") == "failed":
+        lost = str(r.get("error") or "").startswith("lost:")
+        if r.get("status") == "failed" and not lost and (candidate_of(r), r.get("seed")) not in done:
             out.setdefault(candidate_of(r), f"its run on seed {r.get('seed')} failed")
     return out
 
