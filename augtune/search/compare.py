@@ -12,7 +12,9 @@ named by its label (`simclr+pinda`), with its plan, its Optuna study and its tri
 the one Ray experiment of every entrant's search (`augtune.search.multiplex`: each entrant keeps its
 study, budget, limit and scheduler; they share the trial processes) and then of the repeat of every
 entrant's best configuration on the shared seeds (`augtune.search.repeat`), whose records are in
-`repeat/`. Resuming finishes the searches, then the repeat.
+`repeat/`; with `compare.race`, the repeat is a race of each entrant's best configurations, round by
+round (`RaceOfFinalists`, deciding by `augtune.analysis.race`). Resuming finishes the searches, then the
+repeat (a race where it stopped).
 """
 from __future__ import annotations
 
