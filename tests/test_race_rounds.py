@@ -183,7 +183,7 @@ def _drain(alg) -> list[Trial]:
 def _end(alg, trial: Trial, means: dict) -> None:
     """What Tune does when a trial ends: its last result, flattened, to the search algorithm."""
     trial.set_status(Trial.TERMINATED)
-    value = _value(trial.config, means) if REPEAT in trial.config else 0.5
+    value = _value(trial.config, means) if CANDIDATE in trial.config else 0.5
     trial.run_metadata.last_result = {"knn_acc": value, "epoch": 6, "config": trial.config}
     flat = {"knn_acc": value, "epoch": 6, **{f"config/{k}": v for k, v in trial.config.items()}}
     alg.on_trial_complete(trial.trial_id, result=flat)
@@ -403,3 +403,34 @@ def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_p
 
     v = augtune.load(exp).verdict()
     assert v.race is not None and v.race.stopped == race["stopped"] and not v.unfinished
+
+
+def test_a_snapshot_from_before_the_race_restores_as_the_fixed_repeat_it_was(tmp_path):
+    """augtune 0.4's snapshot has no rounds (`wanted`, `chosen_all`, `repeat_configs`): its runs, once
+    chosen, are all it makes."""
+    from augtune.search.repeat import STATE_FILE, RepeatBest
+    from augtune.config import from_dict
+
+    cfg = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 1, "seeds": [7, 8]}}})
+    choose = RepeatBest(to_dict(cfg))
+    alg = _algorithm(choose)
+    search = _search_phase(alg)
+    repeats = _drain(alg)
+    alg.save_to_dir(str(tmp_path), "s")
+    path = tmp_path / STATE_FILE.format("s")
+    state = cloudpickle.loads(path.read_bytes())
+    for key in ("wanted", "chosen_all", "repeat_configs"):
+        del state[key]
+    path.write_bytes(cloudpickle.dumps(state))
+    _end(alg, repeats[0], MEANS)
+    save_tune_trials(tmp_path, search + repeats)
+    restored = _restored(tmp_path, choose)
+    assert restored.runs == alg.runs and _drain(restored) == [] and restored.is_finished()
+
+
+def test_a_repeat_trials_config_is_read_back_from_tunes_flattened_result():
+    from augtune.search.repeat import _config_of
+
+    flat = {"knn_acc": 0.9, "config/_repeat/train.seed": 12, "config/_repeat/train.lr": 0.1,
+            "config/_candidate": "a#1", "config/_round": 1}
+    assert _config_of(flat) == {REPEAT: {"train.seed": 12, "train.lr": 0.1}, CANDIDATE: "a#1", ROUND: 1}
