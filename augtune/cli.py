@@ -352,8 +352,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"compare {plan.experiment} (not started: --plan)")
         print("\n".join(describe_compare(plan)))
         return 0
+    race = cfg.compare.race
+    repeat = (f"the best {race.finalists} of each raced on {race.min_seeds} to {race.max_seeds} seeds"
+              if race.enabled else f"best re-run on {cfg.compare.seeds} seeds")
     print(f"compare {plan.experiment}: {len(plan.labels)} entrants ({', '.join(plan.labels)}), "
-          f"{plan.cfg.compare.trials} trials each, best re-run on {plan.cfg.compare.seeds} seeds", flush=True)
+          f"{plan.cfg.compare.trials} trials each, {repeat}", flush=True)
     if plan.budget:
         print(plan.budget, flush=True)
     return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),

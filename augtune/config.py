@@ -342,6 +342,21 @@ SPLIT_VARIES_BELOW = 5000  # compare.vary's default varies the split of test spl
 
 
 @dataclass(frozen=True)
+class RaceConfig:
+    """`compare.race`: the repeat phase as a race (F-Race, irace): seeds go, round by round, only to the
+    candidates no paired test has shown worse than the best (see augtune/analysis/race.py)."""
+    # off: each entrant's best re-run on `compare.seeds` fixed seeds. Off by default: a race runs up to
+    # finalists x max_seeds / seeds times the repeat runs of the fixed design (the main job turns it on)
+    enabled: bool = False
+    min_seeds: int = _f(3, min=2)  # round 1: every candidate on seeds 1..min_seeds (a paired test needs 2)
+    # the race stops here at the latest: at most entrants x finalists x max_seeds repeat runs
+    max_seeds: int = _f(10, min=2)
+    # candidates per entrant: its search's best `finalists` distinct configurations, each re-run (one
+    # search run is too noisy to pick the best one from: the winner's curse)
+    finalists: int = _f(2, min=1)
+
+
+@dataclass(frozen=True)
 class CompareConfig:
     """`augtune compare`: every entrant searched under the same budget, its best re-run on new seeds."""
     # entrants by augmentation method, `base` for the base alone; None: every method that applies to the
@@ -363,6 +378,11 @@ class CompareConfig:
     # the compare's estimate fits, from each entrant's first epoch timed before Ray starts; the values above
     # and train.epochs are the most it runs. None: no budget
     time_budget: Optional[str] = None
+    race: RaceConfig = field(default_factory=RaceConfig)
+    # equivalence margin in the metric's units (0.01 = 1 point of an accuracy): the race stops when every
+    # remaining pair is shown within it (paired TOST), and the verdict names pairs shown equivalent;
+    # None: no equivalence is claimed
+    margin: Optional[float] = _f(None, min=0, min_open=True)
 
 
 @dataclass(frozen=True)
@@ -581,6 +601,9 @@ def _validate_section(obj: Any, prefix: str) -> None:
         if unknown or "init" not in obj.vary or len(set(obj.vary)) != len(obj.vary):
             raise ConfigError(f"{prefix}.vary: expected [init] or [init, split] (the seed always varies the "
                               f"initialisation), got {list(obj.vary)}")
+    if isinstance(obj, RaceConfig) and obj.min_seeds > obj.max_seeds:
+        raise ConfigError(f"{prefix}.min_seeds: {obj.min_seeds} is above {prefix}.max_seeds "
+                          f"({obj.max_seeds})")
     if isinstance(obj, ViewConfig):
         lo_hi = obj.crop_scale
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:

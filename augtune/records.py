@@ -34,6 +34,10 @@ REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contai
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"
 REPEAT = "_repeat"
+# ... and, in a compare's race (`compare.race`), the candidate a repeat run is of (`entrant#rank`) and the
+# round that gave it out: its record keeps both as `candidate` and `round`
+CANDIDATE = "_candidate"
+ROUND = "_round"
 
 
 def is_uri(location: object) -> bool:

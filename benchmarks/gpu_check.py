@@ -657,6 +657,7 @@ def part_compare(check: Check) -> dict:
         sets += [
             "compare.trials=1",
             "compare.seeds=1",
+            "compare.race.enabled=false",  # the main job races its repeat; one seed here
             "train.epochs=1",
             "compare.methods=[base]",
             "dataset.max_train=256",

@@ -80,7 +80,8 @@ def test_measure_times_an_entrants_epoch_and_its_fixed_costs():
 
 def test_a_budgeted_compare_is_sized_before_ray_and_says_so(tmp_path):
     cfg = load_config("examples/compare_digits.yaml",
-                      ["dataset.max_train=400", "compare.methods=[base, pinda]", "compare.time_budget=1h"])
+                      ["dataset.max_train=400", "compare.methods=[base, pinda]", "compare.time_budget=1h",
+                       "compare.race.enabled=false"])
     data = load_dataset(cfg.dataset)
     plan = plan_compare(cfg, data.modality, storage=str(tmp_path), name="c", data=data)
     assert (plan.cfg.compare.trials, plan.cfg.train.epochs, plan.cfg.compare.seeds) == (3, 6, 3)
@@ -88,7 +89,7 @@ def test_a_budgeted_compare_is_sized_before_ray_and_says_so(tmp_path):
     assert plan.budget in describe_compare(plan) and plan.budget_began is not None
     tight = load_config("examples/compare_digits.yaml",
                         ["dataset.max_train=400", "compare.methods=[base, pinda]", "compare.trials=200",
-                         "compare.time_budget=90s"])
+                         "compare.time_budget=90s", "compare.race.enabled=false"])
     plan = plan_compare(tight, data.modality, storage=str(tmp_path), name="c", data=data)
     c = plan.cfg
     assert c.compare.trials < 200 and "(asked: 200 trials, 6 epochs, 3 seeds)" in plan.budget
@@ -126,3 +127,21 @@ def test_the_verdict_states_the_budget_it_ran_under():
                     "sized from each entrant's epochs, measured before the compare started.")
     assert note in verdict(repeat, ("knn_acc",)).sentences()
     assert time_note([{**r, "config": {}} for r in repeat]) == ""
+
+
+def test_a_race_is_budgeted_at_its_most_runs_and_its_max_seeds_shrink():
+    # 2 finalists x 6 seeds = 12 repeat runs per entrant at most, against 6 with per_seed 1
+    assert wall_s(COSTS, 3, 10, 6, 2, 30, per_seed=2) > wall_s(COSTS, 3, 10, 6, 2, 30)
+    got = allocate(COSTS, 300, trials=1, epochs=4, seeds=6, slots=2, start_s=30, per_seed=2)
+    assert got.seeds == 5 and got.estimate_s <= 300  # (1 + 2 x 5) x 44 / 2 + 30 = 272
+
+
+def test_a_budgeted_race_sets_its_max_seeds(tmp_path):
+    cfg = load_config("examples/compare_digits.yaml",
+                      ["dataset.max_train=400", "compare.methods=[base, pinda]", "compare.trials=1",
+                       "train.epochs=2", "compare.race.max_seeds=400", "compare.time_budget=2m"])
+    data = load_dataset(cfg.dataset)
+    plan = plan_compare(cfg, data.modality, storage=str(tmp_path), name="c", data=data)
+    race = plan.cfg.compare.race
+    assert race.enabled and 2 <= race.max_seeds < 400 and race.min_seeds <= race.max_seeds
+    assert "(asked: 1 trials, 2 epochs, 400 seeds)" in plan.budget

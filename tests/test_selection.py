@@ -195,6 +195,9 @@ def test_the_verdict_says_which_split_chose_and_which_one_it_reports():
     split = [_record("a", s, 0.9, resplit=True) for s in (1, 2, 3)]
     assert "each seed drew its own train/test split" in splits_note(search, split)
     assert splits_note([], repeat) == ""
+    raced = [{**_record("a", s, 0.9), "candidate": f"a#{s % 2}"} for s in (1, 2, 3)]
+    assert "the race chose between each entrant's finalists on the test split" in splits_note(search, raced)
+    assert "the race chose" not in splits_note(search, [{**r, "candidate": "a#0"} for r in raced])
 
 
 def test_raw_is_paired_by_seed_when_each_seed_has_its_own_split():

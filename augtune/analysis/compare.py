@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from augtune.analysis.importance import format_importances, importances
-from augtune.analysis.race import RaceState, race_settings, replay
+from augtune.analysis.race import RaceState, failed_candidates, race_settings, replay
 from augtune.analysis.report import write_report
 from augtune.analysis.verdict import Verdict, flagged_candidates, load_compare_records, verdict
 from augtune.records import COMPARE_FILE, REPORT_FILE
@@ -39,7 +39,7 @@ def race_of(cfg: dict, repeat: list[dict]) -> Optional[RaceState]:
     settings = race_settings(cfg.get("compare", {}), int(cfg.get("train", {}).get("seed", 0)))
     if settings is None:
         return None
-    return replay(settings, repeat, flagged_candidates(repeat))
+    return replay(settings, repeat, {**failed_candidates(repeat), **flagged_candidates(repeat)})
 
 
 def answer(exp_dir, write: bool = True) -> Answer:

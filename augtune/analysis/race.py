@@ -118,7 +118,7 @@ def race_settings(compare: Mapping, train_seed: int, metric: Optional[str] = Non
     `compare.alpha`), None when it has no race. Its seeds are train_seed + 1 .. + max_seeds, as a
     fixed repeat's."""
     race = compare.get("race")
-    if not race:
+    if not race or not race.get("enabled", True):  # `compare.race.enabled: false`: a fixed repeat
         return None
     metric = metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0]
     hi = int(race.get("max_seeds", 10))
@@ -304,6 +304,20 @@ def candidate_of(record: Mapping) -> str:
     configuration)."""
     entrant = record.get("entrant") or record["method"]
     return str(record.get("candidate") or candidate_id(entrant, 1))
+
+
+def failed_candidates(records: Sequence[Mapping]) -> dict[str, str]:
+    """{candidate: why}: the candidates a run of which failed for good (status `failed`, a NaN loss
+    say): the search layer withdraws them as their runs fail, so the records must too. A run lost
+    with a killed driver (`recovery.settle_lost_records`: "lost: ...") was made again, and a seed
+    with a completed run of the candidate has its result: neither withdraws it."""
+    done = {(candidate_of(r), r.get("seed")) for r in records if r.get("status") == "completed"}
+    out: dict[str, str] = {}
+    for r in records:
+        lost = str(r.get("error") or "").startswith("lost:")
+        if r.get("status") == "failed" and not lost and (candidate_of(r), r.get("seed")) not in done:
+            out.setdefault(candidate_of(r), f"its run on seed {r.get('seed')} failed")
+    return out
 
 
 def replay(settings: RaceSettings, records: Sequence[Mapping],

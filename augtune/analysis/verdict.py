@@ -508,6 +508,13 @@ def splits_note(search: Sequence[Mapping], repeat: Sequence[Mapping]) -> str:
     else:
         text = ("The searches chose their configurations on the test split these numbers are on "
                 "(dataset.val_fraction: 0): they are optimistic")
+    finalists: dict = {}
+    for r in repeat:
+        if r.get("candidate") is not None:
+            finalists.setdefault(r.get("entrant") or r.get("method"), set()).add(r["candidate"])
+    if any(len(c) > 1 for c in finalists.values()):
+        text += ("; the race chose between each entrant's finalists on the test split these numbers are on, "
+                 "which makes the survivors' numbers slightly optimistic")
     if any(_dataset(r).get("resplit") for r in repeat):
         text += ("; each seed drew its own train/test split (compare.vary: [init, split]), and the "
                  "references were measured on each seed's split and paired with it")

@@ -71,20 +71,22 @@ def _minutes(s: float) -> str:
 
 
 def wall_s(costs: Sequence[Cost], trials: int, epochs: int, seeds: int, slots: int,
-           start_s: float = START_S) -> float:
-    """The estimated wall time of a compare of these entrants (see the module doc)."""
-    work = sum((trials + seeds) * (epochs * c.epoch_s + c.fixed_s + RUN_S) for c in costs)
+           start_s: float = START_S, per_seed: int = 1) -> float:
+    """The estimated wall time of a compare of these entrants (see the module doc); `per_seed`: repeat
+    runs per seed of an entrant (a race's finalists)."""
+    work = sum((trials + per_seed * seeds) * (epochs * c.epoch_s + c.fixed_s + RUN_S) for c in costs)
     return start_s + work / max(1, slots)
 
 
 def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int, seeds: int, slots: int,
-             start_s: float = START_S) -> Allocation:
+             start_s: float = START_S, per_seed: int = 1) -> Allocation:
     """The trials, epochs and seeds that fit `budget_s` (the module doc's rule); ConfigError when even
-    the smallest design does not."""
+    the smallest design does not. `per_seed`: repeat runs per seed of an entrant (a race's finalists:
+    its seeds are then its `max_seeds`, the most it can run)."""
     floor_e = min(epochs, max((c.min_epochs for c in costs), default=1))
 
     def fits(t: int, e: int, s: int) -> bool:
-        return wall_s(costs, t, e, s, slots, start_s) <= budget_s
+        return wall_s(costs, t, e, s, slots, start_s, per_seed) <= budget_s
 
     def shrunk(k: float) -> tuple[int, int]:
         return max(1, math.floor(trials * k)), max(floor_e, math.floor(epochs * k))
@@ -94,7 +96,7 @@ def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int
         s -= 1
     t, e = shrunk(0.0)
     if not fits(t, e, s):
-        need = wall_s(costs, t, e, s, slots, start_s)
+        need = wall_s(costs, t, e, s, slots, start_s, per_seed)
         raise ConfigError(f"compare.time_budget: {_minutes(budget_s)} is too short for these entrants: even "
                           f"{t} trial, {e} epoch(s) and {s} seeds each take about {_minutes(need)} here")
     if s == seeds:  # the largest factor of trials and epochs that fits, to 1/1000
@@ -106,7 +108,7 @@ def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if fits(*shrunk(mid), s) else (lo, mid)
         t, e = shrunk(lo)
-    return Allocation(t, e, s, wall_s(costs, t, e, s, slots, start_s), budget_s)
+    return Allocation(t, e, s, wall_s(costs, t, e, s, slots, start_s, per_seed), budget_s)
 
 
 def min_epochs(schedule: str, most: int = 10_000) -> int:

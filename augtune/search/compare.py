@@ -12,19 +12,23 @@ named by its label (`simclr+pinda`), with its plan, its Optuna study and its tri
 the one Ray experiment of every entrant's search (`augtune.search.multiplex`: each entrant keeps its
 study, budget, limit and scheduler; they share the trial processes) and then of the repeat of every
 entrant's best configuration on the shared seeds (`augtune.search.repeat`), whose records are in
-`repeat/`. Resuming finishes the searches, then the repeat.
+`repeat/`; with `compare.race`, the repeat is a race of each entrant's best configurations, round by
+round (`RaceOfFinalists`, deciding by `augtune.analysis.race`). Resuming finishes the searches, then the
+repeat (a race where it stopped).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 import yaml
 
 from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
-from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, SEARCH_FILE
+from augtune.records import (
+    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
+)
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
 # keys the protocol holds equal for every entrant: no space may vary them
@@ -78,7 +82,7 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
     """The search config of one entrant: its base and method, its own space, the shared budget, the
     held keys out of the space, the best configuration repeated on the shared seeds."""
     c = cfg.compare
-    seeds = [cfg.train.seed + i for i in range(1, c.seeds + 1)]
+    seeds = [cfg.train.seed + i for i in range(1, repeat_seeds(c) + 1)]
     values = {
         "method.base": entrant.base, "method.augment": list(entrant.augment),
         "search.space": entrant.space, "search.hold": list(HELD), "search.algorithm": "optuna",
@@ -87,6 +91,11 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
         "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
     }
     return from_dict(set_values(to_dict(cfg), values))
+
+
+def repeat_seeds(c) -> int:
+    """The most seeds a run of the repeat takes (`compare.seeds`; a race's `max_seeds`)."""
+    return c.race.max_seeds if c.race.enabled else c.seeds
 
 
 @dataclass(frozen=True)
@@ -116,8 +125,9 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
 
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
-    if cfg.train.seed + cfg.compare.seeds > SEED_MAX:
-        raise ConfigError(f"train.seed: {cfg.train.seed} + compare.seeds ({cfg.compare.seeds}) passes "
+    if cfg.train.seed + repeat_seeds(cfg.compare) > SEED_MAX:
+        key = "compare.race.max_seeds" if cfg.compare.race.enabled else "compare.seeds"
+        raise ConfigError(f"train.seed: {cfg.train.seed} + {key} ({repeat_seeds(cfg.compare)}) passes "
                           f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     if data is not None and cfg.compare.vary is None:
         cfg = replace(cfg, compare=replace(cfg.compare, vary=default_vary(len(data.y_test))))
@@ -168,11 +178,16 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
         first = entrant_config(cfg, entrants(cfg, modality)[0])
         slots = concurrency(first, {"CPU": float(os.cpu_count() or 1)})
     spent = time.monotonic() - start  # the measuring: part of the budget, as Ray's start is
-    got = b.allocate(costs, total, trials=c.trials, epochs=cfg.train.epochs, seeds=c.seeds, slots=slots,
-                     start_s=b.START_S + spent)
-    fitted = replace(cfg, compare=replace(c, trials=got.trials, seeds=got.seeds),
+    race = c.race
+    # a race's most repeat runs: finalists x max_seeds per entrant (its seeds shrink as max_seeds)
+    got = b.allocate(costs, total, trials=c.trials, epochs=cfg.train.epochs, seeds=repeat_seeds(c),
+                     slots=slots, start_s=b.START_S + spent, per_seed=race.finalists if race.enabled else 1)
+    if race.enabled:
+        race = replace(race, max_seeds=got.seeds, min_seeds=min(race.min_seeds, got.seeds))
+    seeds = c.seeds if c.race.enabled else got.seeds  # a race's are its max_seeds
+    fitted = replace(cfg, compare=replace(c, trials=got.trials, seeds=seeds, race=race),
                      train=replace(cfg.train, epochs=got.epochs))
-    return fitted, got.describe((c.trials, cfg.train.epochs, c.seeds))
+    return fitted, got.describe((c.trials, cfg.train.epochs, repeat_seeds(c)))
 
 
 def default_vary(n_test: int) -> tuple[str, ...]:
@@ -191,15 +206,23 @@ def describe_compare(plan: ComparePlan) -> list[str]:
     c = plan.cfg.compare
     seeds = list(plan.plans[0].cfg.search.repeat_best.seeds)
     epochs = plan.plans[0].cfg.train.epochs
+    race = c.race
+    if race.enabled:
+        then = (f"then a race of each entrant's best {race.finalists} configuration(s) on seeds {seeds[0]}.."
+                f"{seeds[race.min_seeds - 1]}, one more seed a round to those not shown worse, up to seed "
+                f"{seeds[-1]}")
+        each = race.finalists * len(seeds)
+    else:
+        then, each = f"then each entrant's best on seeds {seeds}", len(seeds)
     lines = [f"{len(plan.labels)} entrants on {plan.modality or 'the'} data: {', '.join(plan.labels)}; "
-             f"{c.trials} trials each, then each entrant's best on seeds {seeds}; metrics "
-             f"{', '.join(c.metrics)}"]
+             f"{c.trials} trials each, {then}; metrics {', '.join(c.metrics)}"]
     trials = 0
     for p in plan.plans:
-        lines += describe(p, repeat_runs=len(seeds))
+        lines += describe(p, repeat_runs=each)
         trials += trials_of(p)
-    runs = trials + len(seeds) * len(plan.plans)
-    lines.append(f"in all: {trials} search trials and {len(seeds) * len(plan.plans)} repeat runs, at most "
+    runs = trials + each * len(plan.plans)
+    least = f"{race.finalists * race.min_seeds * len(plan.plans)} to " if race.enabled else ""
+    lines.append(f"in all: {trials} search trials and {least}{each * len(plan.plans)} repeat runs, at most "
                  f"{runs * epochs} epochs")
     return lines + ([plan.budget] if plan.budget else [])
 
@@ -221,6 +244,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     repeats = f"{plan.experiment}/{COMPARE_REPEAT}"
     folders = {p.name: p.experiment for p in plan.plans}
     figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
+    race = plan.cfg.compare.race
     trainable = tune.with_resources(
         tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
                              experiments=folders, repeats=repeats, on_repeat_completed=figures,
@@ -250,10 +274,13 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
             own = scheduler(p.cfg)
             if own is not None:
                 schedulers[p.name] = own
+        then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
+                f"{race.max_seeds} seeds" if race.enabled
+                else f"each entrant's best on {len(cfg.search.repeat_best.seeds)} seeds")
         log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
-            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then each entrant's best on "
-            f"{len(cfg.search.repeat_best.seeds)} seeds")
-        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), BestOfEach.of(plan), conc,
+            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
+        choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
+        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), choose, conc,
                                              EntrantsScheduler(schedulers))
         total = sum(p.cfg.search.num_samples for p in plan.plans)
         return tune.Tuner(
@@ -280,9 +307,19 @@ def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_comple
 def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
     """The best search trial's parameters, from the records on disk: the last value of `metric` each
     trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them."""
+    top = top_of(folder, metric, mode, 1)
+    return top[0] if top else None
+
+
+def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = None) -> list[dict]:
+    """The parameters of the `k` best search trials, best first, from the records on disk: the last value
+    of `metric` each trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them; ties go
+    to the first record (by folder name). With `label` (the entrant's method), two trials that differ
+    only in keys that method never reads are one configuration, taken once."""
+    from augtune.config import run_signature
     from augtune.records import read_record
 
-    best, best_value = None, None
+    scored = []
     for path in sorted(folder.glob("*/record.json")):
         try:
             record = read_record(path)
@@ -291,13 +328,21 @@ def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
         values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
         if record.get("status") not in ("completed", "stopped") or not values:
             continue
-        if best_value is None or (values[-1] > best_value if mode == "max" else values[-1] < best_value):
-            best, best_value = record.get("params", {}), values[-1]
-    return best
+        scored.append((values[-1], record.get("params", {})))
+    scored.sort(key=lambda vp: vp[0], reverse=mode == "max")  # stable: ties keep the folders' order
+    out, seen = [], []
+    for _, params in scored:
+        read = run_signature(params, label) if label else params
+        if read not in seen:
+            seen.append(read)
+            out.append(params)
+    return out[:k]
 
 
 def epoch_seconds(folder: Path) -> float:
-    """The median training time of an epoch over a search's trials (0 when none has reported one)."""
+    """The mean training time of an epoch over a search's trials (0 when none has reported one). The mean,
+    not the median: DiffAug's generator trains in some epochs only, and the median of the main job's
+    (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
     import statistics
 
     from augtune.records import read_record
@@ -309,7 +354,7 @@ def epoch_seconds(folder: Path) -> float:
                       if isinstance(e.get("epoch_time_s"), (int, float))]
         except (OSError, ValueError, AttributeError, TypeError):
             continue
-    return statistics.median(times) if times else 0.0
+    return statistics.fmean(times) if times else 0.0
 
 
 def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], None]) -> list[dict]:
@@ -348,6 +393,117 @@ class BestOfEach:
         return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say)
 
 
+@dataclass(frozen=True)
+class RaceOfFinalists:
+    """The repeat of a compare as a race (`compare.race`; `repeat.SearchThenRepeat` asks it again each time
+    a repeat run has ended): the candidates are every entrant's `finalists` best distinct search trials,
+    from the records on disk (`top_of`: the same in a resumed driver); which runs come next and when the
+    race stops is `augtune.analysis.race`'s to decide, from the ended repeat runs alone (`replay`): so a
+    restored run, given the runs Tune restored, continues the race where it stopped. Each run's config
+    names its candidate (`CANDIDATE`) and round (`ROUND`), which its record keeps. Plain data: Tune
+    pickles it with the run's state."""
+
+    entrants: tuple  # (name, records folder, base, augment) of each
+    metric: str
+    mode: str
+    compare: dict  # the compare section, as a dict (`race.race_settings` reads it)
+    train_seed: int
+    experiment: str  # where `race.json` (a snapshot for people, never read back) is written
+    said: dict = field(default_factory=dict, compare=False, repr=False)  # rounds already logged
+
+    rounds = True  # `SearchThenRepeat`: a repeat in rounds
+
+    @classmethod
+    def of(cls, plan: "ComparePlan") -> "RaceOfFinalists":
+        s = plan.plans[0].cfg.search
+        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
+                         for p in plan.plans), s.metric, s.mode, to_dict(plan.cfg)["compare"],
+                   plan.cfg.train.seed, plan.experiment)
+
+    def candidates(self) -> list[tuple[str, str, dict]]:
+        """(id, entrant, parameters) of every finalist, in the entrants' order, best first."""
+        from augtune.analysis.race import candidate_id
+
+        out = []
+        for name, folder, base, augment in self.entrants:
+            method = {"method.base": base, "method.augment": list(augment)}
+            top = top_of(Path(folder), self.metric, self.mode, int(self.compare["race"]["finalists"]), name)
+            if not top:
+                self._once(f"{name}: no finished search trial; it is left out of the race")
+            out += [(candidate_id(name, rank), name, {**params, **method})
+                    for rank, params in enumerate(top, 1)]
+        return out
+
+    def state(self, repeats: list):
+        """The race as the ended repeat trials (`repeat.Ended`) have it (`race.replay`): a run that errored,
+        or reported no finite value of the metric, withdraws its candidate, and so does one whose own
+        diagnostics say it did not train (`verdict.did_not_train`), as the analysis of the records does."""
+        from augtune.analysis.race import failed_candidates, race_settings, replay
+        from augtune.analysis.verdict import flagged_candidates
+
+        settings = race_settings(self.compare, self.train_seed, self.metric)
+        records = [race_record(e, self.metric) for e in repeats]
+        out = {**failed_candidates(records), **flagged_candidates(records)}
+        return replay(settings, records, out, self.candidates())
+
+    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
+        """(the runs the race's next decision waits for, whether it has stopped), the costliest entrants'
+        runs first (`repeat_runs`' reason)."""
+        from augtune.analysis.race import due
+
+        state = self.state(list(repeats))
+        pending = due(state)
+        if state.stopped == "alone" and not state.rounds:  # one entrant: no race, its round 1 all the same
+            first = state.settings.seeds[:state.settings.min_seeds]
+            pending = [(c.id, s) for c in state.racing for s in first]
+        ran = {(e.config.get(CANDIDATE), e.config[REPEAT].get("train.seed")) for e in repeats}
+        pending = [cs for cs in pending if cs not in ran]  # a run that ended (or failed) is never asked again
+        cost = {name: epoch_seconds(Path(folder)) for name, folder, _, _ in self.entrants}
+        pending.sort(key=lambda cs: -cost.get(state.candidate(cs[0]).entrant, 0.0))  # stable
+        self._report(state)
+        seeds = state.settings.seeds
+        runs = [{REPEAT: {**state.candidate(cid).params, "train.seed": seed},
+                 ENTRANT: state.candidate(cid).entrant, CANDIDATE: cid,
+                 ROUND: max(1, seeds.index(seed) - state.settings.min_seeds + 2)} for cid, seed in pending]
+        return runs, state.stopped is not None and not pending
+
+    def _report(self, state) -> None:
+        """Each round decided since the last call, a line on the console; the state in `race.json`."""
+        import json
+
+        from augtune.analysis.race import RACE_FILE, history
+        from augtune.search.storage import write_bytes
+
+        lines = history(state)
+        for line in lines[self.said.get("lines", 0):]:
+            _say(f"race: {line}")
+        self.said["lines"] = len(lines)
+        try:
+            write_bytes(self.experiment, RACE_FILE, json.dumps(state.to_dict(), indent=1).encode())
+        except OSError:
+            pass  # a snapshot for people: the race is in the records
+
+    def _once(self, line: str) -> None:
+        if line not in self.said.setdefault("once", []):
+            self.said["once"].append(line)
+            _say(line)
+
+
+def race_record(ended, metric: str) -> dict:
+    """An ended repeat trial (`repeat.Ended`: its config, its last result) as the part of its record the
+    race reads: entrant, candidate, seed, status and final metrics (a trial that errored, or whose result
+    holds no finite value of `metric`, as `failed`)."""
+    import math
+
+    run = ended.config
+    final = {k: v for k, v in (ended.metrics or {}).items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ok = ended.error is None and math.isfinite(final.get(metric, math.nan))
+    return {"entrant": run.get(ENTRANT), "candidate": run.get(CANDIDATE),
+            "seed": run[REPEAT].get("train.seed"), "status": "completed" if ok else "failed",
+            "final": final, "params": run[REPEAT]}
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -362,7 +518,8 @@ class FirstSeedFigures:
         self.hook, self.seed = hook, seed
 
     def __call__(self, trainer, run_dir, record: dict, log):
-        if record.get("seed") == self.seed:
+        # in a race, the first seed's run of each entrant's best configuration only
+        if record.get("seed") == self.seed and str(record.get("candidate") or "#1").endswith("#1"):
             return self.hook(trainer, run_dir, record, log)
         return None
 

@@ -15,6 +15,12 @@ trial early (`multiplex.EntrantsScheduler` routes it to FIFO).
 Restored, the wrapper takes the search algorithm's own snapshot and its own, and agrees with the trials
 Tune restored: the search trials that ended are what the repeats are chosen from (the same, so the same
 repeats: `choose` is deterministic), and a repeat run Tune already holds is not made again.
+
+A repeat in rounds (a compare's race, `compare.RaceOfFinalists`: its `rounds` is true) is asked again each
+time a repeat trial has ended: `choose(ended search trials, ended repeat trials)` returns the runs its next
+decision waits for and whether it has finished. Its answer is a function of the ended trials alone, so a
+restored run asks it with the trials Tune restored and continues the race where it stopped: an ended run
+is never made again, a run Tune holds unfinished is waited for, and only what is missing is made.
 """
 from __future__ import annotations
 
@@ -50,7 +56,8 @@ class Ended:
 class SearchThenRepeat(SearchAlgorithm):
     """`search` (a Tune search algorithm that `tune_internals.restorable` or `multiplex.EntrantsSearch`
     makes), then the repeat runs `choose(ended search trials)` returns (each a trial config:
-    `{REPEAT: params}`), at most `max_concurrent` repeat trials at a time (0: no limit)."""
+    `{REPEAT: params}`), at most `max_concurrent` repeat trials at a time (0: no limit). A `choose` whose
+    `rounds` is true is a repeat in rounds (see the module docstring)."""
 
     def __init__(self, search: SearchAlgorithm, choose: Callable[[list[Ended]], list[dict]],
                  max_concurrent: int = 0):
@@ -64,6 +71,13 @@ class SearchThenRepeat(SearchAlgorithm):
         self._made: dict[int, str] = {}  # index in runs -> trial id
         self._repeat_ids: set[str] = set()  # every repeat trial Tune holds
         self._repeat_live: set[str] = set()
+        # a repeat in rounds: the indices in `runs` its next decision waits for (None: all), whether it has
+        # finished, and the repeat trials that ended (with their configs), which it decides from
+        self._wanted: Optional[list[int]] = None
+        self._chosen_all = False
+        self._repeat_configs: dict[str, dict] = {}
+        self._repeat_ended: dict[str, Ended] = {}
+        self._stale = False  # a repeat trial has ended since `choose` was last asked
 
     # -- where it stands -------------------------------------------------------------------------------
 
@@ -106,7 +120,9 @@ class SearchThenRepeat(SearchAlgorithm):
                     return trial
             if not self.search_finished:
                 return None
-            self.runs = list(self.choose(self._ended_in_order()))
+            self._choose()
+        elif self._stale:
+            self._choose()
         return self._next_repeat()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -118,6 +134,10 @@ class SearchThenRepeat(SearchAlgorithm):
         self._repeat_live.discard(trial_id)
         if trial_id not in self._configs:  # a repeat trial, or one this algorithm never saw made
             if trial_id in self._repeat_ids or any(k.startswith(f"config/{REPEAT}") for k in result or {}):
+                config = self._repeat_configs.get(trial_id) or _config_of(result or {})
+                self._repeat_ended[trial_id] = Ended(trial_id, config, dict(result or {}),
+                                                     "the trial errored" if error else None)
+                self._stale = True  # a repeat in rounds decides again
                 return
             config = {k[len("config/"):]: v for k, v in (result or {}).items() if k.startswith("config/")}
             self._configs[trial_id] = config
@@ -133,7 +153,7 @@ class SearchThenRepeat(SearchAlgorithm):
         self.search.on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
-        return self.runs is not None and len(self._made) >= len(self.runs)
+        return self.runs is not None and self._chosen_all and all(i in self._made for i in self._indices())
 
     def set_finished(self) -> None:
         self.search.set_finished()
@@ -144,16 +164,39 @@ class SearchThenRepeat(SearchAlgorithm):
         """The search trials that ended, in the order they were made (ties in the metric go to the first)."""
         return [self._ended[t] for t in self._configs if t in self._ended]
 
+    @property
+    def in_rounds(self) -> bool:
+        return bool(getattr(self.choose, "rounds", False))
+
+    def _choose(self) -> None:
+        """Ask `choose` for the repeat runs: once, or (in rounds) again after a repeat trial has ended,
+        keeping every run it asked for before in `runs` (their indices are what `_made` knows)."""
+        self._stale = False
+        if not self.in_rounds:
+            if self.runs is None:
+                self.runs = list(self.choose(self._ended_in_order()))
+            self._wanted, self._chosen_all = None, True
+            return
+        due, finished = self.choose(self._ended_in_order(), list(self._repeat_ended.values()))
+        self.runs = list(self.runs or [])
+        self.runs += [run for run in due if run not in self.runs]
+        self._wanted = [self.runs.index(run) for run in due]
+        self._chosen_all = bool(finished)
+
+    def _indices(self) -> list[int]:
+        return list(range(len(self.runs or []))) if self._wanted is None else self._wanted
+
     def _next_repeat(self):
         if self.max_concurrent and len(self._repeat_live) >= self.max_concurrent:
             return None
-        index = next((i for i in range(len(self.runs)) if i not in self._made), None)
+        index = next((i for i in self._indices() if i not in self._made), None)
         if index is None:
             return None
         trial = self._make(index)
         self._made[index] = trial.trial_id
         self._repeat_ids.add(trial.trial_id)
         self._repeat_live.add(trial.trial_id)
+        self._repeat_configs[trial.trial_id] = copy.deepcopy(self.runs[index])
         return trial
 
     def _make(self, index: int):
@@ -170,7 +213,8 @@ class SearchThenRepeat(SearchAlgorithm):
     def _state(self) -> dict:
         # the experiment too: a resumed Tune run restores its search algorithm instead of configuring it
         return {"configs": self._configs, "runs": self.runs, "made": self._made,
-                "repeat_ids": self._repeat_ids, "experiment": self._experiment}
+                "repeat_ids": self._repeat_ids, "experiment": self._experiment, "wanted": self._wanted,
+                "chosen_all": self._chosen_all, "repeat_configs": self._repeat_configs}
 
     def save_to_dir(self, dirpath: str, session_str: str) -> None:
         """The search algorithm's own snapshot, then this one, written whole (temporary file, rename), then
@@ -199,6 +243,10 @@ class SearchThenRepeat(SearchAlgorithm):
             state = cloudpickle.load(f)
         self._configs, self.runs, self._made = state["configs"], state["runs"], dict(state["made"])
         self._repeat_ids, self._experiment = set(state["repeat_ids"]), state["experiment"]
+        # a snapshot of augtune 0.4 has no rounds: its runs, once chosen, were all it would make
+        self._wanted = state.get("wanted")
+        self._chosen_all = state.get("chosen_all", self.runs is not None)
+        self._repeat_configs = dict(state.get("repeat_configs") or {})
         trials = restored_trials(dirpath, repeats=True)
         if trials is not None:
             self.reconcile(trials)
@@ -214,8 +262,12 @@ class SearchThenRepeat(SearchAlgorithm):
         self._search_live = {t.trial_id for t in search if t.status != "TERMINATED"}
         self._ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
                        for t in search if t.status == "TERMINATED"}
-        if self.runs is None and repeats:  # this snapshot is older than the repeat's first trials
-            self.runs = list(self.choose(self._ended_in_order()))
+        # the repeat trials that ended are what a repeat in rounds decides from (an errored one runs again)
+        self._repeat_configs.update({t.trial_id: dict(t.config) for t in repeats})
+        self._repeat_ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
+                              for t in repeats if t.status == "TERMINATED"}
+        if self.runs is not None or repeats:  # the repeat had begun (a snapshot older than its trials: chosen
+            self._choose()                    # again, the same)
         self._made, self._repeat_live = {}, set()
         self._repeat_ids = {t.trial_id for t in repeats}
         for t in repeats:
@@ -226,6 +278,19 @@ class SearchThenRepeat(SearchAlgorithm):
             self._made[index] = t.trial_id
             if not t.finished:
                 self._repeat_live.add(t.trial_id)
+
+
+def _config_of(result: dict) -> dict:
+    """A trial's config from its last result as Tune flattens it (`config/_repeat/train.seed`)."""
+    out: dict = {}
+    for key, value in result.items():
+        if key.startswith("config/"):
+            *path, last = key[len("config/"):].split("/")
+            node = out
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+    return out
 
 
 # -- what a plain search repeats --------------------------------------------------------------------------

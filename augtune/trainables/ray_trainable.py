@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord, is_uri
+from augtune.records import CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri
 
 if TYPE_CHECKING:
     from augtune.trainables.run import OnCompleted
@@ -134,10 +134,12 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     elsewhere, for `augtune plot`). All are bound with `tune.with_parameters`.
     """
     repeat = REPEAT in params
+    # a race's repeat run: its candidate and round, kept in its record (the race is rebuilt from these)
+    race = {name: params[key] for name, key in (("candidate", CANDIDATE), ("round", ROUND)) if key in params}
     params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
     cfg = trial_config(repeat_params(params, base) if repeat else params, base)
     about = {"params": dict(params), "phase": "repeat" if repeat else "search", "entrant": method_label(cfg),
-             "process": os.getpid()}
+             "process": os.getpid(), **race}
     records = (repeats or experiment) if repeat else experiment
     folder = TrialFolder(records)
     hook = on_repeat_completed if repeat else on_completed

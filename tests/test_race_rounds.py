@@ -1,0 +1,436 @@
+"""The race wired into a compare's repeat phase (`compare.race`): `compare.RaceOfFinalists` gives out the
+runs round by round from the ended repeat trials alone, `repeat.SearchThenRepeat` asks it again as each
+repeat trial ends, and a restored run (within a round, or between two) continues the race with nothing
+run twice. Fabricated search records and real Tune trial objects, without a Ray runtime; one real
+compare at the end (`ray`, `slow`)."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from ray import cloudpickle, tune
+from ray.tune.experiment import Experiment, Trial
+
+from augtune.config import ConfigError, load_config, to_dict
+from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND
+from augtune.search.compare import FirstSeedFigures, RaceOfFinalists, race_record, top_of
+from augtune.search.repeat import Ended, SearchThenRepeat
+from augtune.search.tune_internals import ReplayingVariantGenerator, restorable
+from conftest import save_tune_trials
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = {"train.lr": tune.grid_search([0.1, 0.2])}
+
+
+def _search_records(folder: Path, scores: dict[float, float]) -> None:
+    """An entrant's search trials on disk: {lr: the knn_acc its last epoch reported}."""
+    for i, (lr, value) in enumerate(scores.items()):
+        (folder / f"t{i}").mkdir(parents=True)
+        record = {"format": "augtune.record/1", "status": "completed", "params": {"train.lr": lr},
+                  "epochs": [{"epoch": 1, "knn_acc": value, "epoch_time_s": 1.0}]}
+        (folder / f"t{i}" / "record.json").write_text(json.dumps(record))
+
+
+def _race(tmp_path: Path, names=("a", "b", "c"), finalists: int = 2, min_seeds: int = 3,
+          max_seeds: int = 6, margin=None) -> RaceOfFinalists:
+    entrants = []
+    for name in names:
+        _search_records(tmp_path / name, {0.1: 0.9, 0.2: 0.8, 0.3: 0.7})
+        entrants.append((name, str(tmp_path / name), "simclr", (name,)))
+    cfg = load_config(None, ["compare.race.enabled=true", f"compare.race.finalists={finalists}",
+                             f"compare.race.min_seeds={min_seeds}", f"compare.race.max_seeds={max_seeds}",
+                             "train.seed=10"] + ([f"compare.margin={margin}"] if margin else []))
+    return RaceOfFinalists(tuple(entrants), "knn_acc", "max", to_dict(cfg)["compare"], 10, str(tmp_path))
+
+
+def _value(run: dict, means: dict[str, float]) -> float:
+    """A repeat run's knn_acc: its candidate's mean plus a noise of its seed (the same for every
+    candidate, as a seed's shared effect is) and one of the run's own (seeded: the same every time)."""
+    seed, cid = run[REPEAT]["train.seed"], run[CANDIDATE]
+    return means[cid] + 0.01 * ((seed * 7) % 5) + random.Random(f"run {cid} {seed}").gauss(0, 0.005)
+
+
+def _ended(run: dict, means: dict[str, float], i: int) -> Ended:
+    return Ended(f"r{i}", run, {"knn_acc": _value(run, means), "epoch": 6})
+
+
+def _run_race(choose, means) -> tuple[list[list[dict]], bool]:
+    """Every round of the race, each run ended as soon as it is given out."""
+    rounds, ended = [], []
+    while True:
+        runs, finished = choose([], ended)
+        if finished:
+            return rounds, finished
+        assert runs, "a race that has not finished waits for runs"
+        rounds.append(runs)
+        ended += [_ended(r, means, len(ended) + i) for i, r in enumerate(runs)]
+
+
+def test_round_one_is_every_entrants_finalists_on_min_seeds_each_run_naming_its_candidate_and_round(
+        tmp_path):
+    choose = _race(tmp_path)
+    runs, finished = choose([], [])
+    assert not finished and len(runs) == 3 * 2 * 3
+    assert {(r[CANDIDATE], r[REPEAT]["train.seed"]) for r in runs} == {
+        (f"{e}#{k}", s) for e in "abc" for k in (1, 2) for s in (11, 12, 13)}
+    assert {r[ROUND] for r in runs} == {1}
+    one = next(r for r in runs if r[CANDIDATE] == "b#2")
+    # the entrant's second-best search trial, with its method, re-run: not trusted from its one search run
+    assert one[ENTRANT] == "b" and one[REPEAT]["train.lr"] == 0.2
+    assert one[REPEAT]["method.augment"] == ["b"] and one[REPEAT]["method.base"] == "simclr"
+    assert choose([], []) == (runs, False)  # a function of the ended runs alone
+
+
+def test_a_clear_winner_is_separated_in_few_rounds(tmp_path):
+    choose = _race(tmp_path)
+    means = {"a#1": 0.95, "a#2": 0.94, "b#1": 0.80, "b#2": 0.79, "c#1": 0.70, "c#2": 0.69}
+    rounds, _ = _run_race(choose, means)
+    assert len(rounds) <= 2
+    state = choose.state([_ended(r, means, i) for i, r in enumerate(sum(rounds, []))])
+    assert state.stopped == "separated" and {c.entrant for c in state.racing} == {"a"}
+    assert json.loads((tmp_path / "race.json").read_text())["stopped"] == "separated"  # for people
+
+
+def test_an_eliminated_candidate_gets_no_more_seeds_and_later_rounds_add_one_seed(tmp_path):
+    choose = _race(tmp_path, names=("a", "b", "c"), finalists=1, max_seeds=8)
+    # a and b close (the noise keeps them apart for a while), c far behind: out in round 1
+    means = {"a#1": 0.90, "b#1": 0.899, "c#1": 0.50}
+    rounds, _ = _run_race(choose, means)
+    assert {r[CANDIDATE] for r in rounds[0]} == {"a#1", "b#1", "c#1"}
+    assert all("c#1" not in {r[CANDIDATE] for r in later} for later in rounds[1:])
+    for n, later in enumerate(rounds[1:], start=2):  # one more seed each, the next one, named by its round
+        assert sorted(r[CANDIDATE] for r in later) == ["a#1", "b#1"]
+        assert {r[REPEAT]["train.seed"] for r in later} == {10 + 3 + n - 1}
+        assert {r[ROUND] for r in later} == {n}
+
+
+def test_equal_candidates_run_to_max_seeds_or_are_shown_equivalent_within_a_margin(tmp_path):
+    means = {"a#1": 0.9, "b#1": 0.9}
+    plain = _race(tmp_path / "plain", names=("a", "b"), finalists=1, max_seeds=5)
+    rounds, _ = _run_race(plain, means)
+    assert len(rounds) == 3 and sum(len(r) for r in rounds) == 2 * 5  # seeds 3, 4, 5
+    ended = [_ended(r, means, i) for i, r in enumerate(sum(rounds, []))]
+    assert plain.state(ended).stopped == "max_seeds"
+    wide = _race(tmp_path / "wide", names=("a", "b"), finalists=1, max_seeds=5, margin=0.05)
+    rounds, _ = _run_race(wide, means)
+    ended = [_ended(r, means, i) for i, r in enumerate(sum(rounds, []))]
+    assert wide.state(ended).stopped == "equivalent" and sum(len(r) for r in rounds) < 2 * 5
+
+
+def test_a_failed_run_or_one_that_did_not_train_withdraws_its_candidate(tmp_path):
+    choose = _race(tmp_path, names=("a", "b", "c"), finalists=1)
+    runs, _ = choose([], [])
+    means = {"a#1": 0.9, "b#1": 0.9, "c#1": 0.9}
+    ended = [_ended(r, means, i) for i, r in enumerate(runs)]
+    ended[0] = Ended("r0", runs[0], {}, "the trial errored")
+    bad = next(i for i, r in enumerate(runs) if r[CANDIDATE] != runs[0][CANDIDATE])
+    ended[bad] = Ended(f"r{bad}", runs[bad], {"knn_acc": 0.9, "pinda_noise_norm": 0.0})
+    state = choose.state(ended)
+    out = {c.id: c.reason for c in state.candidates if c.status == "withdrawn"}
+    assert set(out) == {runs[0][CANDIDATE], runs[bad][CANDIDATE]}
+    assert "failed" in out[runs[0][CANDIDATE]] and "collapsed" in out[runs[bad][CANDIDATE]]
+    assert state.stopped == "alone" and choose([], ended) == ([], True)
+    assert race_record(ended[0], "knn_acc")["status"] == "failed"
+
+
+def test_one_entrant_has_no_race_but_its_round_one(tmp_path):
+    choose = _race(tmp_path, names=("a",), finalists=2)
+    runs, finished = choose([], [])
+    assert not finished and len(runs) == 2 * 3
+    assert choose([], [_ended(r, {"a#1": 0.9, "a#2": 0.8}, i) for i, r in enumerate(runs)]) == ([], True)
+
+
+def test_the_finalists_are_the_best_distinct_configurations_ties_to_the_first(tmp_path):
+    _search_records(tmp_path / "e", {0.1: 0.8, 0.2: 0.9, 0.3: 0.8, 0.4: 0.5})
+    assert top_of(tmp_path / "e", "knn_acc", "max", 3) == [{"train.lr": 0.2}, {"train.lr": 0.1},
+                                                            {"train.lr": 0.3}]
+    assert top_of(tmp_path / "e", "knn_acc", "min", 1) == [{"train.lr": 0.4}]
+    # a key the method never reads does not make another configuration (pinda.mu of a plain simclr)
+    for i, mu in enumerate((0.1, 0.2)):
+        (tmp_path / "s" / f"t{i}").mkdir(parents=True)
+        (tmp_path / "s" / f"t{i}" / "record.json").write_text(json.dumps({
+            "format": "augtune.record/1", "status": "completed", "params": {"train.lr": 0.1, "pinda.mu": mu},
+            "epochs": [{"epoch": 1, "knn_acc": 0.9 - i / 10}]}))
+    assert len(top_of(tmp_path / "s", "knn_acc", "max", 2, "simclr")) == 1
+
+
+# -- in the Tune run: SearchThenRepeat asks again as each repeat trial ends -------------------------------
+
+
+def _trainable(config):
+    pass
+
+
+def _algorithm(choose, limit: int = 4) -> SearchThenRepeat:
+    alg = SearchThenRepeat(restorable(ReplayingVariantGenerator(), limit), choose, limit)
+    alg.set_search_properties("knn_acc", "max", GRID)
+    alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
+                                       resources_per_trial={"cpu": 1})])
+    return alg
+
+
+def _drain(alg) -> list[Trial]:
+    return list(iter(alg.next_trial, None))
+
+
+def _end(alg, trial: Trial, means: dict) -> None:
+    """What Tune does when a trial ends: its last result, flattened, to the search algorithm."""
+    trial.set_status(Trial.TERMINATED)
+    value = _value(trial.config, means) if CANDIDATE in trial.config else 0.5
+    trial.run_metadata.last_result = {"knn_acc": value, "epoch": 6, "config": trial.config}
+    flat = {"knn_acc": value, "epoch": 6, **{f"config/{k}": v for k, v in trial.config.items()}}
+    alg.on_trial_complete(trial.trial_id, result=flat)
+
+
+def _key(trial: Trial) -> tuple:
+    return trial.config[CANDIDATE], trial.config[REPEAT]["train.seed"]
+
+
+MEANS = {"a#1": 0.90, "a#2": 0.88, "b#1": 0.899, "b#2": 0.70, "c#1": 0.60, "c#2": 0.50}
+
+
+def _finish(alg, live: list[Trial], made: list[Trial]) -> None:
+    """Run the repeat to its end: the oldest live trial ends, the algorithm gives out what it will."""
+    live += _drain(alg)
+    made += live
+    while live:
+        _end(alg, live.pop(0), MEANS)
+        new = _drain(alg)
+        live += new
+        made += new
+
+
+def _search_phase(alg) -> list[Trial]:
+    search = _drain(alg)
+    for t in search:
+        _end(alg, t, MEANS)
+    return search
+
+
+def test_the_repeat_runs_the_race_round_by_round_to_its_stop(tmp_path):
+    choose = _race(tmp_path)
+    alg = _algorithm(choose)
+    _search_phase(alg)
+    made: list[Trial] = []
+    first = _drain(alg)
+    assert len(first) == 4 and alg.phase == "repeat" and not alg.is_finished()  # 4 at a time
+    _finish(alg, first, made)
+    assert alg.is_finished()
+    keys = [_key(t) for t in made]
+    assert len(keys) == len(set(keys))  # no run made twice
+    assert len(keys) > 18  # round 1 (18 runs), then more rounds for those still racing
+    ended = [Ended(t.trial_id, t.config, {"knn_acc": _value(t.config, MEANS)}) for t in made]
+    state = choose.state(ended)
+    assert state.stopped is not None
+    for c in state.candidates:  # every run given out is the race's: no seed beyond a candidate's last round
+        seeds = {s for cid, s in keys if cid == c.id}
+        n = state.rounds[c.out_round - 1].n if c.out_round else state.n
+        assert seeds == set(state.settings.seeds[:n]), c.id
+
+
+def _restored(folder: Path, choose) -> SearchThenRepeat:
+    """The algorithm as a resumed Tune run has it: unpickled as it was made, then restored from `folder`."""
+    alg = cloudpickle.loads(cloudpickle.dumps(SearchThenRepeat(restorable(ReplayingVariantGenerator(), 4),
+                                                               choose, 4)))
+    alg.restore_from_dir(str(folder))
+    return alg
+
+
+@pytest.mark.parametrize("when", ["within_a_round", "between_rounds", "snapshot_before_the_repeat"])
+def test_a_restored_run_continues_the_race_where_it_stopped_with_nothing_run_twice(tmp_path, when):
+    """The driver killed (SIGKILL: Tune's state and the algorithm's snapshot are what is left) within a
+    round (some of its runs ended, some running, some not yet made), between two rounds (the last round's
+    runs all ended, the next not yet made), or with the algorithm's snapshot from before the repeat began:
+    resumed, it makes only the runs the race is missing, and the race ends as the uninterrupted one did."""
+    whole = _algorithm(_race(tmp_path / "whole"))
+    _search_phase(whole)
+    uninterrupted: list[Trial] = []
+    _finish(whole, [], uninterrupted)
+
+    choose = _race(tmp_path / "cut")
+    alg = _algorithm(choose)
+    search = _search_phase(alg)
+    if when == "snapshot_before_the_repeat":
+        alg.save_to_dir(str(tmp_path), "s")
+    made, live = [], _drain(alg)
+    made += live
+    target = 18 if when == "between_rounds" else 9  # round 1 has 18 runs
+    ended: list[Trial] = []
+    while len(ended) < target:
+        t = live.pop(0)
+        _end(alg, t, MEANS)
+        ended.append(t)
+        if len(ended) < target:
+            new = _drain(alg)
+            live += new
+            made += new
+    if when != "snapshot_before_the_repeat":
+        alg.save_to_dir(str(tmp_path), "s")
+    assert (len(live) > 0) == (when != "between_rounds")
+    save_tune_trials(tmp_path, search + made)  # Tune's state: the ended runs TERMINATED, the rest pending
+    restored = _restored(tmp_path, cloudpickle.loads(cloudpickle.dumps(choose)))
+    assert restored.phase == "repeat"
+    again = _drain(restored)
+    assert not {_key(t) for t in again} & {_key(t) for t in made}  # nothing Tune holds is made again
+    if when == "between_rounds":
+        assert again and {t.config[ROUND] for t in again} == {2}  # the next round, at once
+    # Tune runs the restored unfinished trials; they end, and the race goes on
+    for t in made:
+        if t.status != Trial.TERMINATED:
+            t.set_status(Trial.PENDING)
+    pending = [t for t in made if t.status != Trial.TERMINATED] + again
+    after: list[Trial] = []
+    _finish(restored, pending, after)
+    assert restored.is_finished()
+    keys = [_key(t) for t in ended] + [_key(t) for t in after]
+    assert len(keys) == len(set(keys))
+    assert sorted(keys) == sorted(_key(t) for t in uninterrupted)
+
+
+# -- the config, the records, the figures -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (["compare.race.min_seeds=5", "compare.race.max_seeds=4"],
+     "compare.race.min_seeds: 5 is above compare.race.max_seeds (4)"),
+    (["compare.race.finalists=0"], "compare.race.finalists: expected a number >= 1, got 0"),
+    (["compare.race.min_seeds=1"], "compare.race.min_seeds: expected a number >= 2, got 1"),
+    (["compare.margin=-0.01"], "compare.margin: expected a number > 0"),
+])
+def test_race_settings_are_refused_in_one_line(overrides, error):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert error in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_race_is_off_unless_enabled_and_its_settings_reach_the_analysis():
+    from augtune.analysis.race import race_settings
+
+    off = to_dict(load_config(None, []))["compare"]
+    assert off["race"]["enabled"] is False and race_settings(off, 0) is None
+    on = to_dict(load_config(None, ["compare.race.enabled=true", "compare.race.max_seeds=6",
+                                    "compare.margin=0.01"]))["compare"]
+    s = race_settings(on, 10)
+    assert s.seeds == (11, 12, 13, 14, 15, 16) and s.min_seeds == 3 and s.margin == 0.01
+
+
+def test_a_race_plan_says_its_seeds_and_its_fewest_and_most_runs(tmp_path):
+    from augtune.search.compare import describe_compare, plan_compare
+
+    cfg = load_config(None, ["dataset.as_vectors=true", "compare.methods=[base, random_noise]",
+                             "compare.trials=1", "compare.race.enabled=true", "compare.race.max_seeds=5"])
+    plan = plan_compare(cfg, "vector", storage=str(tmp_path), name="c")
+    assert plan.plans[0].cfg.search.repeat_best.seeds == (1, 2, 3, 4, 5)
+    text = "\n".join(describe_compare(plan))
+    assert "a race of each entrant's best 2 configuration(s) on seeds 1..3" in text
+    assert "in all: 2 search trials and 12 to 20 repeat runs" in text
+
+
+def test_a_race_runs_record_names_its_candidate_and_round(monkeypatch):
+    from augtune.trainables import ray_trainable
+
+    seen = {}
+    monkeypatch.setattr(ray_trainable, "_in_trial", lambda cfg, folder, hook, about: seen.update(about))
+    monkeypatch.setattr(ray_trainable, "TrialFolder", lambda records: SimpleNamespace(name="t"))
+    run = {REPEAT: {"train.lr": 0.1, "train.seed": 12}, ENTRANT: "simclr", CANDIDATE: "simclr#2", ROUND: 1}
+    ray_trainable.tune_entrant_trial(run, bases={"simclr": to_dict(load_config(None, []))},
+                                     experiments={"simclr": tempfile.mkdtemp()}, repeats=tempfile.mkdtemp())
+    assert (seen["candidate"], seen["round"], seen["phase"]) == ("simclr#2", 1, "repeat")
+    assert seen["params"] == {"train.lr": 0.1, "train.seed": 12}
+
+
+def test_only_the_best_candidates_first_seed_run_draws_the_figures():
+    drawn = []
+    hook = FirstSeedFigures(lambda tr, run_dir, record, log: drawn.append(record["candidate"]), seed=11)
+    for cid in ("a#1", "a#2"):
+        hook(None, Path("."), {"seed": 11, "candidate": cid}, print)
+    assert drawn == ["a#1"]
+
+
+def test_the_analysis_withdraws_a_candidate_whose_run_failed_as_the_driver_did():
+    from augtune.analysis.compare import race_of
+
+    cfg = {"compare": to_dict(load_config(None, ["compare.race.enabled=true"]))["compare"],
+           "train": {"seed": 0}}
+    records = [{"entrant": e, "candidate": f"{e}#1", "seed": s, "status": "completed",
+                "final": {"knn_acc": 0.9 + s / 1000}} for e in ("a", "b", "c") for s in (1, 2, 3)]
+    lost = {**records[3], "status": "failed", "final": {}, "error": "lost: the driver was killed ..."}
+    again = {**records[4], "status": "failed", "final": {}}  # failed once, then completed when run again
+    records[0] = {**records[0], "status": "failed", "final": {}}
+    state = race_of(cfg, records + [lost, again])
+    assert state.candidate("a#1").status == "withdrawn" and state.rounds
+    assert state.candidate("b#1").status != "withdrawn"
+
+
+# -- one real compare -------------------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16,
+                  "proj_hidden_dim": 16, "proj_dim": 8},
+        "train": {"epochs": 1, "batch_size": 64, "num_threads": 1},
+        "eval": {"metrics": ["knn"]},
+        "compare": {"methods": ["base", "random_noise"], "trials": 1, "metrics": ["knn_acc"],
+                    "race": {"enabled": True, "min_seeds": 2, "max_seeds": 3, "finalists": 1}},
+    }))
+    run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
+                          str(tmp_path / "res"), "--name", "cmp"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    exp = tmp_path / "res" / "cmp"
+    repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]
+    got = sorted((r["candidate"], r["seed"], r["round"]) for r in repeats)
+    assert [g for g in got if g[2] == 1] == [("simclr#1", 1, 1), ("simclr#1", 2, 1),
+                                             ("simclr+random_noise#1", 1, 1), ("simclr+random_noise#1", 2, 1)]
+    # stopped at round 1, or ran to max_seeds: seed 3 in round 2
+    assert {g[1:] for g in got if g[2] != 1} <= {(3, 2)} and len(got) in (4, 6) and len(set(got)) == len(got)
+    race = json.loads((exp / "race.json").read_text())
+    assert race["stopped"] in ("separated", "max_seeds")
+    assert "race: round 1 (n = 2)" in run.stdout
+    import augtune
+
+    v = augtune.load(exp).verdict()
+    assert v.race is not None and v.race.stopped == race["stopped"] and not v.unfinished
+
+
+def test_a_snapshot_from_before_the_race_restores_as_the_fixed_repeat_it_was(tmp_path):
+    """augtune 0.4's snapshot has no rounds (`wanted`, `chosen_all`, `repeat_configs`): its runs, once
+    chosen, are all it makes."""
+    from augtune.search.repeat import STATE_FILE, RepeatBest
+    from augtune.config import from_dict
+
+    cfg = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 1, "seeds": [7, 8]}}})
+    choose = RepeatBest(to_dict(cfg))
+    alg = _algorithm(choose)
+    search = _search_phase(alg)
+    repeats = _drain(alg)
+    alg.save_to_dir(str(tmp_path), "s")
+    path = tmp_path / STATE_FILE.format("s")
+    state = cloudpickle.loads(path.read_bytes())
+    for key in ("wanted", "chosen_all", "repeat_configs"):
+        del state[key]
+    path.write_bytes(cloudpickle.dumps(state))
+    _end(alg, repeats[0], MEANS)
+    save_tune_trials(tmp_path, search + repeats)
+    restored = _restored(tmp_path, choose)
+    assert restored.runs == alg.runs and _drain(restored) == [] and restored.is_finished()
+
+
+def test_a_repeat_trials_config_is_read_back_from_tunes_flattened_result():
+    from augtune.search.repeat import _config_of
+
+    flat = {"knn_acc": 0.9, "config/_repeat/train.seed": 12, "config/_repeat/train.lr": 0.1,
+            "config/_candidate": "a#1", "config/_round": 1}
+    assert _config_of(flat) == {REPEAT: {"train.seed": 12, "train.lr": 0.1}, CANDIDATE: "a#1", ROUND: 1}
