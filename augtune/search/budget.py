@@ -1,18 +1,20 @@
 """A compare under a time budget (`compare.time_budget: 20m`): trials, epochs and seeds sized to fit.
 
-Before Ray starts, each entrant trains one epoch in this process on the search's data with its first
-configuration (the papers' defaults), timed: set-up and the final evaluation (measured for the first
-entrant: every entrant has the same backbone, data and metrics) are one run's fixed cost, the epoch its
-cost per epoch. The compare's wall time is then estimated as
+Before Ray starts, each entrant trains in this process on the search's data with its first
+configuration (the papers' defaults), one epoch (one of each phase of a phase schedule: `measure`),
+timed: set-up and the final evaluation (measured for the first entrant: every entrant has the same
+backbone, data and metrics) are one run's fixed cost, the epoch its cost per epoch. The compare's wall
+time is then estimated as
 
-    start + sum over entrants of (trials + seeds) x (epochs x epoch_s + fixed_s + run) / slots
+    start + sum over entrants of (trials + finalists x seeds) x (epochs x epoch_s + fixed_s + run) / slots
 
 (`slots`: the trials that run at once; `start` (the measuring itself, Ray's start, the trial processes'
 imports, the verdict, report and importances at the end) and `run` (what Tune spends on each run
 besides training it), constants taken from the main job on two CPU cores). ASHA stops some search
 trials early, which the estimate ignores.
 
-The config's `compare.trials`, `train.epochs` and `compare.seeds` are the most the compare runs. When
+The config's `compare.trials`, `train.epochs` and `compare.seeds` (a race's `max_seeds`, with its
+`finalists` runs a seed) are the most the compare runs. When
 their estimate passes the budget, trials and epochs shrink by one factor together (epochs never below
 what every entrant needs: a phase schedule such as DiffAug's keeps each of its phases at least one
 epoch), the largest factor that fits; only when the smallest of both does not fit do the seeds shrink,
@@ -63,7 +65,7 @@ class Allocation:
         was = "" if got == asked else f" (asked: {asked[0]} trials, {asked[1]} epochs, {asked[2]} seeds)"
         return (f"time budget {_minutes(self.budget_s)}: {self.trials} trial(s), {self.epochs} epoch(s), "
                 f"{self.seeds} seed(s) per entrant{was}; estimated {_minutes(self.estimate_s)} from the "
-                "entrants' measured first epochs")
+                "entrants' measured epochs")
 
 
 def _minutes(s: float) -> str:
