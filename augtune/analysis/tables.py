@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 
 from augtune.analysis.frame import (REFERENCES, AnalysisError, MixedDatasetsError, NoFinishedRunsError,
-                                    UnknownColumnError, UnknownMetricError, metric_columns,
-                                    reference_key_columns)
+                                    UnknownColumnError, UnknownMetricError, is_config_column,
+                                    metric_columns, reference_key_columns)
 from augtune.config import format_value, key_applies, run_signature
 
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # in [0, 1]; printed as percentages
@@ -371,7 +371,7 @@ def _resolve_mode(mode: Mode, metric: str) -> str | None:
 
 
 def _flat(row: pd.Series) -> dict[str, Any]:
-    return {k: _plain(row[k]) for k in row.index if "." in str(k) and not str(k).startswith("_")}
+    return {k: _plain(row[k]) for k in row.index if is_config_column(k) and not str(k).startswith("_")}
 
 
 def _distinct_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -407,7 +407,7 @@ def _fixed_keys(df: pd.DataFrame, axis_keys: list[str], pool: Iterable[str]) -> 
         fixed |= {key, *_AXIS_KEYS.get(key, ())}
     for key in pool:
         if key != "seed" and key not in df.columns:
-            close = difflib.get_close_matches(key, [str(c) for c in df.columns if "." in str(c)], n=1)
+            close = difflib.get_close_matches(key, [str(c) for c in df.columns if is_config_column(c)], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise UnknownColumnError(f"--pool: no config key {key!r} in these runs{hint}")
         fixed |= {key, *_AXIS_KEYS.get(key, ())}
