@@ -274,3 +274,35 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
     assert rb2["config"]["pinda"]["penalty"] == 2.0  # the trial's own (last) values
     # what the donor's run had trained is the copy's: epoch 1's loss is A's
     assert rb2["epochs"][0]["loss"] == ra["epochs"][0]["loss"]
+    # the record's config holds the schedule it trained under: runs of other schedules are not pooled with it
+    assert rb2["config"]["schedule"] == [
+        {"epoch": 1, "set": {"pinda.penalty": 1.0, "train.lr": 1e-3}},
+        {"epoch": 2, "set": {"pinda.penalty": 0.5, "train.lr": 2e-3}},
+        {"epoch": 3, "set": {"pinda.penalty": 0.25, "train.lr": 3e-3}},
+        {"epoch": 4, "set": {"pinda.penalty": 2.0, "train.lr": 4e-3}}]
+    assert "schedule" not in ra["config"] or ra["config"]["schedule"] == []
+
+    # Tune restarts the copy again before it trained an epoch (paused anew): the same exploit, counted once
+    again = b.run(cfg(2.0, 4e-3), start=c, at=3)
+    assert again["exploits"] == 2 and again["lineage"] == rb2["lineage"]
+
+    # export --schedule of the trial, trained from scratch: the same values in every epoch, and (one seed,
+    # each exploit a bitwise continuation) the very same run
+    from augtune import cli
+    from augtune.config import load_config
+    from augtune.data import load_dataset
+    from augtune.trainables import train_run
+
+    out = tmp_path / "replay.yaml"
+    assert cli.main(["export", str(tmp_path / "exp"), "--schedule", "--trial", "B", "--out", str(out)]) == 0
+    replay_cfg = load_config(out)
+    assert replay_cfg.search == from_dict({}).search  # the search that found it is not replayed
+    replay = train_run(replay_cfg, load_dataset(replay_cfg.dataset), tmp_path / "replay", log=lambda s: None)
+    assert knobs(replay) == knobs(again)
+    assert [e["loss"] for e in replay["epochs"]] == [e["loss"] for e in again["epochs"]]
+    assert replay["final"]["knn_acc"] == again["final"]["knn_acc"]
+    # best by the metric, without --trial: one of the four; a trial named ambiguously is exit 2
+    exp = str(tmp_path / "exp")
+    assert cli.main(["export", exp, "--schedule", "--out", str(tmp_path / "best.yaml")]) == 0
+    assert cli.main(["export", exp, "--schedule", "--trial", "zzz"]) == 2
+    assert cli.main(["export", exp, "--trial", "B"]) == 2

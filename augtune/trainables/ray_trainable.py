@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord, is_uri
+from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
+from augtune.records import CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RunRecord, is_uri, knob_schedule
 
 if TYPE_CHECKING:
     from augtune.trainables.run import OnCompleted
@@ -130,9 +130,19 @@ def exploited(donor: RunRecord, own: RunRecord, epoch: int, folder: TrialFolder 
     data = dict(own.data)
     data.update(epochs=list(donor.data.get("epochs") or []), status="running", final={},
                 references=dict(donor.data.get("references") or {}))
-    data["lineage"] = [*(donor.data.get("lineage") or []),
-                       {"epoch": epoch, "trial": own.data.get("trial"), "from": donor.data.get("trial")}]
-    data["exploits"] = int(before.get("exploits") or 0) + 1
+    copy = {"epoch": epoch, "trial": own.data.get("trial"), "from": donor.data.get("trial")}
+    data["lineage"] = [*(donor.data.get("lineage") or []), copy]
+    # a restart before the copy trained an epoch (Tune paused it again) loads the same checkpoint again
+    again = (before.get("lineage") or [None])[-1] == copy
+    data["exploits"] = int(before.get("exploits") or 0) + (0 if again else 1)
+    # the values this run trained under, epoch by epoch, as the config's schedule (pooled apart from other
+    # schedules; `augtune train` of the record's config replays it); then this trial's own from epoch + 1
+    from augtune.trainables.loop import tracked_keys
+
+    cfg = from_dict(data["config"])
+    mine = {k: value_of(cfg, k) for k in tracked_keys(cfg)}
+    if epoch < cfg.train.epochs:
+        data["config"] = {**data["config"], "schedule": knob_schedule(data["epochs"], mine, until=epoch)}
     for key in ("seconds", "cpu_seconds", "nodes"):
         if before.get(key):
             data[key] = before[key]
