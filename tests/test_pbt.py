@@ -306,3 +306,65 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
     assert cli.main(["export", exp, "--schedule", "--out", str(tmp_path / "best.yaml")]) == 0
     assert cli.main(["export", exp, "--schedule", "--trial", "zzz"]) == 2
     assert cli.main(["export", exp, "--trial", "B"]) == 2
+
+
+# -- a real PBT search -----------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replayable_schedule(tmp_path):
+    """4 trials of 8 epochs, perturbed every 2 (the bottom half copies the top half): every trial
+    completes all its epochs with the values in force listed per epoch; a copy's lineage names trials of
+    the search, and its record's schedule gives exactly its epochs' values; status shows the exploits."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = {
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": TINY_MLP, "pinda": {"generator": "mlp"},
+        "train": {"epochs": 8, "batch_size": 32, "num_threads": 1},
+        "eval": {"metrics": ["knn"], "references": False},
+        "resources": {"cpus_per_worker": 0.5},
+        "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
+                   "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"], "quantile": 0.5}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cli = [sys.executable, "-m", "augtune.cli"]
+    run = subprocess.run([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    exp = tmp_path / "res" / "exp"
+    records = {p.parent.name: json.loads(p.read_text()) for p in exp.glob("*/record.json")}
+    assert len(records) == 4
+    for name, r in records.items():
+        assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == list(range(1, 9))
+        assert all(set(e["knobs"]) == {"pinda.penalty", "train.lr"} for e in r["epochs"])
+        assert r["trial"] == name
+        from augtune.records import knob_schedule
+
+        assert (r["config"].get("schedule") or []) == (knob_schedule(r["epochs"]) if r.get("lineage") else [])
+    copies = [r for r in records.values() if r.get("lineage")]
+    assert copies, "no trial copied another in 3 perturbations of a population of 4"
+    for r in copies:
+        assert all(step["from"] in records and step["epoch"] % 2 == 0 for step in r["lineage"])
+        assert r["exploits"] >= 1
+    status = subprocess.run([*cli, "status", str(exp)], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "exploit" in status.stdout, status.stdout + status.stderr
+    out = tmp_path / "best.yaml"
+    assert subprocess.run([*cli, "export", str(exp), "--schedule", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120).returncode == 0
+    from augtune.config import load_config
+
+    assert load_config(out).schedule  # the best trial's values, epoch by epoch
+
+
+def test_status_counts_a_pbt_trials_exploits_from_its_record():
+    from augtune.search.status import _exploits
+
+    assert _exploits({"config": {"search": {"scheduler": "pbt"}}, "exploits": 3}) == 3
+    assert _exploits({"config": {"search": {"scheduler": "pb2"}}}) == 0
+    assert _exploits({"config": {"search": {"scheduler": "asha"}}, "exploits": 3}) is None
+    assert _exploits({}) is None
