@@ -305,7 +305,7 @@ class PBTConfig:
     """`search.scheduler: pbt | pb2`: when trials exploit and explore (Jaderberg et al., 2017)."""
     interval: int = _f(2, min=1)  # epochs between perturbations (each trial checkpoints at these epochs)
     # dotted keys perturbed at each exploit: keys of the searched space that the method reads at every
-    # epoch (`augtune methods --knobs`); empty: every such key of the space
+    # epoch (`augtune methods` lists them); empty: every such key of the space
     mutate: tuple[str, ...] = ()
     # fraction of the population in the bottom quantile (copies a top one) and in the top (is copied)
     quantile: float = _f(0.25, min=0, max=0.5, min_open=True)
@@ -374,7 +374,7 @@ _METHOD = {"method_section": True}  # field metadata of a section named after an
 class ScheduleStep:
     """One step of `schedule`: from epoch `epoch` (1-based) on, the keys of `set` take these values."""
     epoch: int = _f(1, min=1)  # the first epoch (1-based, as a record's epochs) trained with these values
-    set: dict = _f({})  # {dotted key: value}: per-epoch knobs only (`augtune methods --knobs`)
+    set: dict = _f({})  # {dotted key: value}: per-epoch knobs only (`augtune methods` lists them)
 
 
 @dataclass(frozen=True)

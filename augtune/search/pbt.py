@@ -127,11 +127,11 @@ class Explore:
 
 
 def _trial_cfg(base: dict, space: Space) -> Config:
-    """A trial's config (what its method reads): the space's first point, or a seeded sample of it."""
-    from augtune.search.searchers import sample_values
-
+    """A trial's config (what its method reads): the space's first point, a choice's first value and a
+    numeric domain's lower bound for the keys it does not name."""
     point = space.points_to_evaluate[0] if space.points_to_evaluate else {}
-    return from_dict(set_values(base, {**sample_values(space, 0), **constants(space), **point}))
+    first = {k: (values_of(d) or [d.lower])[0] for k, d in searched(space).items()}
+    return from_dict(set_values(base, {**first, **constants(space), **point}))
 
 
 def mutated_keys(cfg: Config, space: Space, base: dict) -> tuple[str, ...]:
