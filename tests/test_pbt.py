@@ -282,6 +282,13 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
         {"epoch": 4, "set": {"pinda.penalty": 2.0, "train.lr": 4e-3}}]
     assert "schedule" not in ra["config"] or ra["config"]["schedule"] == []
 
+    # a donor that had finished when Tune saved it (async PBT saves the donor's latest checkpoint): the copy
+    # is its finished run, completed with its final metrics, nothing left to train
+    d = Trial(tmp_path, "D")
+    rd = d.run(cfg(3.0, 5e-3), start=a, at=4)
+    assert d.reported == [] and rd["status"] == "completed" and rd["final"] == ra["final"]
+    assert rd["lineage"] == [{"epoch": 4, "trial": "D", "from": "A"}] and knobs(rd) == knobs(ra)
+
     # Tune restarts the copy again before it trained an epoch (paused anew): the same exploit, counted once
     again = b.run(cfg(2.0, 4e-3), start=c, at=3)
     assert again["exploits"] == 2 and again["lineage"] == rb2["lineage"]

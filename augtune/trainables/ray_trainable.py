@@ -142,7 +142,11 @@ def exploited(donor: RunRecord, own: RunRecord, epoch: int, folder: TrialFolder 
     cfg = from_dict(data["config"])
     mine = {k: value_of(cfg, k) for k in tracked_keys(cfg)}
     if epoch < cfg.train.epochs:
-        data["config"] = {**data["config"], "schedule": knob_schedule(data["epochs"], mine, until=epoch)}
+        schedule = knob_schedule(data["epochs"], mine, until=epoch)
+    else:  # the donor had finished when Tune saved it: the copy is its finished run, nothing left to train
+        schedule = knob_schedule(data["epochs"])
+        data.update(status=donor.status, final=dict(donor.final), finished=donor.data.get("finished"))
+    data["config"] = {**data["config"], "schedule": schedule}
     for key in ("seconds", "cpu_seconds", "nodes"):
         if before.get(key):
             data[key] = before[key]
