@@ -121,3 +121,15 @@ def test_a_scheduled_run_stopped_and_resumed_is_bitwise_the_straight_one(tmp_pat
     resumed = train_run(cfg, data, tmp_path / "halves", resume=True, log=lambda s: None)
     assert [e["loss"] for e in straight["epochs"]] == [e["loss"] for e in resumed["epochs"]]
     assert [e["knobs"] for e in straight["epochs"]] == [e["knobs"] for e in resumed["epochs"]]
+
+
+def test_runs_of_two_schedules_are_two_rows_of_a_table_never_pooled(tmp_path, data):
+    from augtune.analysis import comparison_table, load_runs
+
+    for name, schedule in (("a", []), ("b", [{"epoch": 3, "set": {"pinda.penalty": 0.5}}]),
+                           ("c", [{"epoch": 3, "set": {"pinda.penalty": 0.25}}])):
+        train_run(config(schedule=schedule), data, tmp_path / "runs" / name, log=lambda s: None)
+    table = comparison_table(load_runs([tmp_path / "runs"]), rows="method", cols="dataset", metrics="knn_acc")
+    labels = sorted(table.row_labels)
+    assert len(labels) == 3 and labels[-1] == "simclr+pinda (schedule=none)"
+    assert all("schedule=1 step #" in label for label in labels[:2])

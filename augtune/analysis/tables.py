@@ -469,13 +469,31 @@ def _settings(shown: list[str], flat: dict, method: str, vary: list[str], sig: d
     return (*own, *((k, sig[k]) for k in vary if k in sig and k not in shown))
 
 
+def _setting(key: str, value: Any, digits: int | None) -> str:
+    """A setting in a label; a `schedule` (a PBT trial's, a replay's) as its number of steps and a short
+    digest of them: the row is its own, and the schedule itself is in the record."""
+    if key != "schedule":
+        return format_value(value, digits)
+    if not value:
+        return "none"
+    import hashlib
+    import json
+
+    try:
+        steps = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        steps = [value]
+    digest = hashlib.sha1(repr(value).encode()).hexdigest()[:6]
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} #{digest}"
+
+
 def _texts(head: list, settings: list[tuple]) -> tuple[list, dict]:
     """Labels (the value itself when nothing is added) with as many digits as tell them apart, and their
     sort keys (by value, then by the settings' values)."""
     distinct = set(zip(head, settings))
     for digits in (6, None):
         def text(h: Any, s: tuple) -> Any:
-            settings = ", ".join(f"{k}={format_value(v, digits)}" for k, v in s)
+            settings = ", ".join(f"{k}={_setting(k, v, digits)}" for k, v in s)
             return f"{_label(h)} ({settings})" if s else h
 
         if len({text(h, s) for h, s in distinct}) == len(distinct) or digits is None:
