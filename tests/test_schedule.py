@@ -133,3 +133,17 @@ def test_runs_of_two_schedules_are_two_rows_of_a_table_never_pooled(tmp_path, da
     labels = sorted(table.row_labels)
     assert len(labels) == 3 and labels[-1] == "simclr+pinda (schedule=none)"
     assert all("schedule=1 step #" in label for label in labels[:2])
+
+
+def test_augtune_train_refuses_a_set_up_key_in_a_schedule_with_exit_2_before_training(tmp_path, capsys):
+    import yaml
+
+    from augtune import cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "schedule": [{"epoch": 2, "set": {"pinda.generator": "mlp"}}]}))
+    assert cli.main(["train", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("augtune: error: schedule[0].set.pinda.generator: pinda.generator is read only at "
+                          "set-up") and "\n" not in err
+    assert not (tmp_path / "run").exists()
