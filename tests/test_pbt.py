@@ -289,6 +289,16 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
     assert d.reported == [] and rd["status"] == "completed" and rd["final"] == ra["final"]
     assert rd["lineage"] == [{"epoch": 4, "trial": "D", "from": "A"}] and knobs(rd) == knobs(ra)
 
+    # the population's schedules in one figure, from the records alone
+    from augtune.plots import PlotError, find_runs, plot
+
+    assert [p.name for p in plot("schedule", find_runs([tmp_path / "exp"]), tmp_path)] == ["schedule.png"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / RECORD_FILE).write_text(json.dumps({**ra, "epochs": [{"epoch": 1, "loss": 1.0}]}))
+    with pytest.raises(PlotError, match="no run here recorded knob values per epoch"):
+        plot("schedule", find_runs([plain]), tmp_path)
+
     # Tune restarts the copy again before it trained an epoch (paused anew): the same exploit, counted once
     again = b.run(cfg(2.0, 4e-3), start=c, at=3)
     assert again["exploits"] == 2 and again["lineage"] == rb2["lineage"]
