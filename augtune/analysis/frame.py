@@ -272,6 +272,7 @@ def _run_row(file: Path, experiment: str, record: dict) -> tuple[dict, dict[str,
         "status": record.get("status"), "error": record.get("error"),
         "method": record.get("method"), "dataset": record.get("dataset"), "seed": record.get("seed"),
         "epochs_done": len(record.get("epochs") or []),
+        "schedule": (),  # a record written before `schedule:` existed ran without one
         **flatten_config(record.get("config")),
     }
     row.update({k: v for k, v in final.items() if k not in row})
