@@ -385,3 +385,60 @@ def test_status_counts_a_pbt_trials_exploits_from_its_record():
     assert _exploits({"config": {"search": {"scheduler": "pb2"}}}) == 0
     assert _exploits({"config": {"search": {"scheduler": "asha"}}, "exploits": 3}) is None
     assert _exploits({}) is None
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path):
+    """Ctrl-C once trials have passed a perturbation: exit 130; `augtune resume` finishes the same 4
+    trials, none lost, none made anew, each one that had checkpointed restored from it (its record
+    carries on: a second start in `nodes`), every epoch listed once with its values."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    config = {
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": TINY_MLP, "pinda": {"generator": "mlp"},
+        "train": {"epochs": 10, "batch_size": 32, "num_threads": 1},
+        "eval": {"metrics": ["knn"], "references": False},
+        "resources": {"cpus_per_worker": 0.5},
+        "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
+                   "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"], "quantile": 0.5}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cli = [sys.executable, "-m", "augtune.cli"]
+    proc = subprocess.Popen([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    exp = tmp_path / "res" / "exp"
+
+    def records() -> dict:
+        out = {}
+        for p in exp.glob("*/record.json"):
+            try:
+                out[p.parent.name] = json.loads(p.read_text())
+            except ValueError:
+                pass  # being replaced
+        return out
+
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None and \
+            sum(len(r["epochs"]) >= 3 for r in records().values()) < 2:
+        time.sleep(0.5)  # two trials past their first perturbation (epoch 2's checkpoint)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    before = records()
+    resumed = subprocess.run([*cli, "resume", str(exp)], capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    after = records()
+    assert len(after) == 4 and set(after) >= set(before)
+    for name, r in after.items():
+        assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == list(range(1, 11))
+        assert all("knobs" in e for e in r["epochs"])
+        if len(before.get(name, {}).get("epochs", [])) >= 2:  # it had a checkpoint: restored, not redone
+            assert len(r["nodes"]) >= 2, name
