@@ -440,5 +440,5 @@ def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path
     for name, r in after.items():
         assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == list(range(1, 11))
         assert all("knobs" in e for e in r["epochs"])
-        if len(before.get(name, {}).get("epochs", [])) >= 2:  # it had a checkpoint: restored, not redone
+        if len(before.get(name, {}).get("epochs", [])) >= 3:  # epoch 2 checkpointed: restored, not redone
             assert len(r["nodes"]) >= 2, name
