@@ -147,3 +147,13 @@ def test_augtune_train_refuses_a_set_up_key_in_a_schedule_with_exit_2_before_tra
     assert err.startswith("augtune: error: schedule[0].set.pinda.generator: pinda.generator is read only at "
                           "set-up") and "\n" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_augtune_methods_lists_the_per_epoch_knobs_by_what_reads_them(capsys):
+    from augtune import cli
+
+    assert cli.main(["methods"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("per-epoch knobs")[1].split("datasets")[0]
+    assert "the loop       train.lr" in section and "pinda          pinda.penalty" in section
+    assert "byol" not in section  # BYOL reads no knob of its own at every step
