@@ -36,6 +36,7 @@ def check_config(cfg: Config, figure_kinds: Optional[Collection[str]] = None) ->
     """
     _check_registries(cfg)
     _check_phases(cfg)
+    check_knobs(cfg, {f"schedule[{i}].set.{k}": k for i, step in enumerate(cfg.schedule) for k in step.set})
     if cfg.eval.figures and figure_kinds is not None:
         for i, kind in enumerate(cfg.eval.figures):
             if kind not in figure_kinds:
@@ -47,6 +48,19 @@ def check_config(cfg: Config, figure_kinds: Optional[Collection[str]] = None) ->
         )
     _check_model_size(cfg)
     return cfg
+
+
+def check_knobs(cfg: Config, keys: dict[str, str]) -> None:
+    """Every key of `keys` ({where it is written: dotted key}) is one this run reads at every epoch
+    (`augtune.methods.knobs`): a key read only at set-up (a network's width) cannot change mid-run."""
+    from augtune.methods import knobs
+
+    allowed = knobs(cfg)
+    for where, key in keys.items():
+        if key not in allowed:
+            label = "+".join((cfg.method.base, *cfg.method.augment))
+            raise ConfigError(f"{where}: {key} is read only at set-up, or not by {label}; it cannot change "
+                              f"during a run (per-epoch knobs of {label}: {', '.join(allowed)})")
 
 
 def _check_registries(cfg: Config) -> None:

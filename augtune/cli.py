@@ -482,6 +482,13 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(f"  {name:<14} {doc(cls)}")
     if not AUGMENTATIONS:
         print("  (none registered yet)")
+    from augtune.config import LOOP_KNOBS
+
+    print("per-epoch knobs (schedule:, search.pbt.mutate), by what reads them:")
+    print(f"  {'the loop':<14} {', '.join(LOOP_KNOBS)}")
+    for name, cls in [*BASES.items(), *AUGMENTATIONS.items()]:
+        if getattr(cls, "knobs", ()):
+            print(f"  {name:<14} {', '.join(cls.knobs)}")
     print("datasets (dataset.name):")
     for name, fn in DATASETS.items():
         print(f"  {name:<14} {doc(fn)}")

@@ -313,6 +313,19 @@ class RepeatBestConfig:
 
 
 @dataclass(frozen=True)
+class PBTConfig:
+    """`search.scheduler: pbt | pb2`: when trials exploit and explore (Jaderberg et al., 2017)."""
+    interval: int = _f(2, min=1)  # epochs between perturbations (each trial checkpoints at these epochs)
+    # dotted keys perturbed at each exploit: keys of the searched space that the method reads at every
+    # epoch (`augtune methods` lists them); empty: every such key of the space
+    mutate: tuple[str, ...] = ()
+    # fraction of the population in the bottom quantile (copies a top one) and in the top (is copied)
+    quantile: float = _f(0.25, min=0, max=0.5, min_open=True)
+    # pbt: probability that a mutated key is drawn anew from its domain instead of perturbed
+    resample_probability: float = _f(0.25, min=0, max=1)
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     # a registered space (`simclr`, `pinda`, ...) or an inline mapping {dotted key: domain}, e.g.
     # {train.lr: "loguniform(1e-4, 1e-1)", method.base: "choice([simclr, byol])"}
@@ -325,9 +338,14 @@ class SearchConfig:
     num_samples: int = _f(4, min=1)  # trials (grid: repeats of the whole grid)
     metric: str = "knn_acc"
     mode: Literal["max", "min"] = "max"
-    scheduler: Literal["none", "asha"] = "none"
+    # asha: stop weak trials early; pbt: Population Based Training (Ray Tune's PopulationBasedTraining):
+    # every `pbt.interval` epochs a weak trial copies a strong one's whole run and perturbs its `pbt.mutate`
+    # keys, so each trial trains under a schedule of values; pb2: the same, the new values chosen by PB2's
+    # GP bandit (Parker-Holder et al., 2020) within the space's bounds (numeric keys only)
+    scheduler: Literal["none", "asha", "pbt", "pb2"] = "none"
     grace_period: int = _f(1, min=1)  # ASHA: epochs before a trial may be stopped
     reduction_factor: float = _f(2.0, min=1, min_open=True)
+    pbt: PBTConfig = field(default_factory=PBTConfig)
     max_concurrent: Optional[int] = _f(None, min=1)  # None: as many as the resources allow
     max_failures: int = _f(2, min=0)  # retries of a failed trial (a lost node), from its checkpoint
     keep_checkpoints: int = _f(1, min=1)  # a trial's newest checkpoints kept (earlier ones deleted)
@@ -399,6 +417,13 @@ _METHOD = {"method_section": True}  # field metadata of a section named after an
 
 
 @dataclass(frozen=True)
+class ScheduleStep:
+    """One step of `schedule`: from epoch `epoch` (1-based) on, the keys of `set` take these values."""
+    epoch: int = _f(1, min=1)  # the first epoch (1-based, as a record's epochs) trained with these values
+    set: dict = _f({})  # {dotted key: value}: per-epoch knobs only (`augtune methods` lists them)
+
+
+@dataclass(frozen=True)
 class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     view: ViewConfig = field(default_factory=ViewConfig)
@@ -414,6 +439,10 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    # values that change during the run, piecewise constant: [{epoch: 5, set: {pinda.penalty: 0.5}}, ...]
+    # (epochs 1-based and increasing, at most train.epochs); before the first step the keys keep the
+    # values above. `augtune export --schedule` writes the one a PBT trial followed
+    schedule: tuple[ScheduleStep, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,6 +460,8 @@ def _describe(tp: Any) -> str:
         return " or ".join(_describe(a) for a in inner) + (" or null" if _NONE in args else "")
     if origin is tuple:
         return f"a list of {_describe(args[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping {" + ", ".join(f.name for f in dataclasses.fields(tp)) + "}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             dict: "a mapping"}.get(tp, str(tp))
 
@@ -457,6 +488,8 @@ def _freeze(value: Any) -> Any:
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """`value` as the type `tp` of the field `key`, or a one-line ConfigError naming both."""
+    if dataclasses.is_dataclass(tp):  # a list of sections (schedule steps)
+        return _build(tp, value, key)
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{key}: expected {_describe(tp)}, got {short(value)}")
     if origin in (typing.Union, types.UnionType):
@@ -604,12 +637,107 @@ def _validate_section(obj: Any, prefix: str) -> None:
     if isinstance(obj, RaceConfig) and obj.min_seeds > obj.max_seeds:
         raise ConfigError(f"{prefix}.min_seeds: {obj.min_seeds} is above {prefix}.max_seeds "
                           f"({obj.max_seeds})")
+    if isinstance(obj, ScheduleStep):
+        _validate_step(obj, prefix)
+    if isinstance(obj, Config):
+        _validate_schedule(obj)
     if isinstance(obj, ViewConfig):
         lo_hi = obj.crop_scale
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= 1:
             raise ConfigError(
                 f"{prefix}.crop_scale: expected [lo, hi] with 0 < lo <= hi <= 1, got {list(lo_hi)}"
             )
+
+
+def key_field(key: str) -> tuple[Any, dict]:
+    """(the type, the field's metadata) of dotted `key`; KeyError when no config key is called so."""
+    cls: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            raise KeyError(key)
+        tp = typing.get_type_hints(cls)[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                raise KeyError(key)  # a section, not a key
+            return tp, dict(fields[part].metadata)
+        cls = tp
+    raise KeyError(key)
+
+
+def _validate_step(step: ScheduleStep, prefix: str) -> None:
+    """A schedule step's keys are config keys that say what a run trains; its values obey their fields."""
+    if not step.set:
+        raise ConfigError(f"{prefix}.set: expected at least one {{dotted key: value}}")
+    values = {}
+    for key, value in step.set.items():
+        where = f"{prefix}.set.{key}"
+        if key.startswith(("search.", "compare.", "resources.", "schedule")) or not changes_results(key):
+            raise ConfigError(f"{where}: not a setting of the training itself; a schedule sets per-epoch "
+                              "knobs such as train.lr or pinda.penalty")
+        try:
+            tp, meta = key_field(key)
+        except KeyError:
+            raise ConfigError(f"{where[:120]}: unknown key (a dotted config key such as train.lr)") from None
+        values[key] = _coerce(where, value, tp)
+        _check_range(where, values[key], meta)
+    object.__setattr__(step, "set", FrozenDict(values))  # still being built: the coerced values stay
+
+
+def _validate_schedule(cfg: Config) -> None:
+    """Steps at increasing epochs within the run."""
+    last = 0
+    for i, step in enumerate(cfg.schedule):
+        if step.epoch <= last:
+            raise ConfigError(f"schedule[{i}].epoch: {step.epoch} does not follow the step before "
+                              f"(epoch {last}); steps go in increasing epochs")
+        if step.epoch > cfg.train.epochs:
+            raise ConfigError(f"schedule[{i}].epoch: {step.epoch} is past the run's last epoch "
+                              f"(train.epochs {cfg.train.epochs})")
+        last = step.epoch
+
+
+# Keys the training loop itself reads at every epoch (the methods declare theirs as `knobs`): train.lr is
+# the peak the warm-up and cosine scale, so a new value keeps the schedule's position
+LOOP_KNOBS = ("train.lr",)
+
+
+def scheduled_keys(cfg: Config) -> tuple[str, ...]:
+    """The keys `schedule` sets, in the order they first appear."""
+    return tuple(dict.fromkeys(k for step in cfg.schedule for k in step.set))
+
+
+def values_at(cfg: Config, epoch: int) -> dict[str, Any]:
+    """{key: value} that `schedule` puts in force at 1-based `epoch` (its keys not yet set: absent)."""
+    out: dict[str, Any] = {}
+    for step in cfg.schedule:
+        if step.epoch > epoch:
+            break
+        out.update(step.set)
+    return out
+
+
+def value_of(cfg: Any, key: str) -> Any:
+    """The value of dotted `key` in `cfg` (`value_of(cfg, "train.lr")`)."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def replace_values(cfg: Any, values: typing.Mapping[str, Any]) -> Any:
+    """`cfg` with dotted keys set to values already validated (a schedule's, a PBT trial's): no parsing."""
+    nested: dict[str, dict] = {}
+    direct = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[head] = value
+    for head, inner in nested.items():
+        direct[head] = replace_values(getattr(cfg, head), inner)
+    return dataclasses.replace(cfg, **direct) if direct else cfg
 
 
 def _validate_dataset(d: DatasetConfig, prefix: str) -> None:

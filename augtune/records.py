@@ -254,3 +254,22 @@ def read_search_file(exp_dir: Path) -> dict:
     ):
         raise ValueError(f"{path}: not an augtune search file (config, search and base sections expected)")
     return data
+
+
+def knob_schedule(epochs: list[dict], values: dict[str, Any] | None = None, until: int | None = None
+                  ) -> list[dict]:
+    """A `schedule:` section ([{"epoch": E, "set": {key: value}}], 1-based, piecewise constant) that
+    reproduces the knob values recorded per epoch (each epoch's `knobs`): a step where any value
+    changes, the first epoch's naming every key. `values`: those in force from epoch `until` + 1 on
+    (a PBT trial's own after its last exploit, not yet trained), a last step where they differ."""
+    steps: list[dict] = []
+    last: dict[str, Any] = {}
+    rows = [(int(e["epoch"]), e.get("knobs") or {}) for e in epochs if isinstance(e, dict) and "epoch" in e]
+    if values is not None and until is not None:
+        rows = [r for r in rows if r[0] <= until] + [(until + 1, dict(values))]
+    for epoch, knobs in rows:
+        changed = {k: v for k, v in knobs.items() if k not in last or last[k] != v}
+        if changed:
+            steps.append({"epoch": epoch, "set": changed})
+            last.update(changed)
+    return steps

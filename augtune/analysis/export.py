@@ -40,6 +40,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(repeatable; default: only seeds are; runs that differ otherwise get rows of their "
                         "own)")
     e.add_argument("--out", type=Path, metavar="FILE", help="write the table here instead of printing it")
+    e.add_argument("--schedule", action="store_true",
+                   help="instead of a table: a config whose `schedule:` replays the knob values the best "
+                        "trial (a PBT search's, by the search's metric) trained under, epoch by epoch; run "
+                        "it with `augtune train`")
+    e.add_argument("--trial", metavar="ID",
+                   help="with --schedule: this trial (its folder name or a part of it only it has) instead "
+                        "of the best")
     e.set_defaults(func=cmd_export)
     return e
 
@@ -54,6 +61,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise AnalysisError(f"--out: {out} is a folder; name the file to write")
         if not out.parent.is_dir():
             raise AnalysisError(f"--out: folder {out.parent} does not exist")
+    if getattr(args, "schedule", False):
+        text = schedule_config(args.paths, getattr(args, "trial", None), args.metric)
+        return _write(text, out, "the schedule")
+    if getattr(args, "trial", None):
+        raise AnalysisError("--trial: names the trial whose schedule --schedule exports; add --schedule")
     from augtune.analysis.compare import answer, is_compare
 
     if len(args.paths) == 1 and is_compare(args.paths[0]):  # a compare experiment: its verdict table
@@ -72,6 +84,62 @@ def cmd_export(args: argparse.Namespace) -> int:
                 print(f"augtune: warning: {w.message}", file=sys.stderr)
     what = f"{len(table.row_labels)} rows x {len(table.col_labels)} columns"
     return _write(table.render(args.format), out, what)
+
+
+def schedule_config(paths: list[Path], trial: str | None = None, metric: str = "knn_acc") -> str:
+    """The YAML of a config that replays a trial from scratch: the trial's own config (its last values)
+    with a `schedule:` of the knob values its epochs trained under (PBA's replay), without the search
+    that found it. The trial: `trial` (a part of its folder name only it has), else the best completed
+    one by the search's metric and mode (a search folder's; otherwise `metric`, higher is better)."""
+    import yaml
+
+    from augtune.analysis.frame import AnalysisError, find_records
+    from augtune.config import ConfigError, from_dict, to_dict
+    from augtune.records import REPEAT_DIR, SEARCH_FILE, knob_schedule, read_json, read_search_file
+
+    mode = "max"
+    metric = metric.split(",")[0]
+    records: list[tuple[Path, dict]] = []
+    for path in paths:
+        if (Path(path) / SEARCH_FILE).is_file():
+            search = read_search_file(Path(path))["config"]["search"]
+            metric, mode = search["metric"], search["mode"]
+        for file in find_records(path):
+            if REPEAT_DIR in file.parts:
+                continue
+            try:
+                records.append((file.parent, read_json(file)))
+            except ValueError:
+                continue
+    if not records:
+        raise AnalysisError(f"--schedule: no run records under {', '.join(map(str, paths))}")
+    if trial is not None:
+        found = [(p, r) for p, r in records if trial in p.name or trial == r.get("trial")]
+        if len(found) != 1:
+            names = ", ".join(sorted(p.name for p, _ in found)[:4])
+            listed = f" ({names})" if names else ""
+            raise AnalysisError(f"--trial: {trial!r} names {len(found)} trials{listed}; give a part of the "
+                                "folder name only one trial has")
+        folder, record = found[0]
+    else:
+        done = [(p, r) for p, r in records if r.get("status") == "completed"
+                and isinstance((r.get("final") or {}).get(metric), (int, float))]
+        if not done:
+            raise AnalysisError(f"--schedule: no completed trial with a final {metric}")
+        folder, record = (max if mode == "max" else min)(done, key=lambda pr: pr[1]["final"][metric])
+    config = {k: v for k, v in (record.get("config") or {}).items() if k not in ("search", "compare")}
+    config["schedule"] = knob_schedule(record.get("epochs") or [])
+    try:
+        config = to_dict(from_dict(config))
+    except ConfigError as e:
+        raise AnalysisError(f"--schedule: {folder.name}'s config cannot be replayed ({e})") from None
+    for key in ("search", "compare"):
+        config.pop(key, None)
+    lineage = record.get("lineage") or []
+    head = (f"# replays {folder.name} ({record.get('method')}, final {metric} "
+            f"{(record.get('final') or {}).get(metric)}): {len(config['schedule'])} schedule step(s), "
+            f"{len(lineage)} exploit(s) in its lineage\n")
+    return head + yaml.safe_dump(config, sort_keys=False)
 
 
 def _runs_of(path: Path) -> Path:

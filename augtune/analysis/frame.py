@@ -46,7 +46,7 @@ from typing import Any, Iterable, Union
 
 import pandas as pd
 
-from augtune.config import changes_results
+from augtune.config import changes_results, dotted_keys
 from augtune.records import FORMAT, RECORD_FILE, JSONFileError, read_json
 
 PathLike = Union[str, os.PathLike]
@@ -57,6 +57,13 @@ REFERENCES = ("raw", "random-init")  # the order reference rows are listed in
 _EVAL_NOT_IN_KEY = frozenset({"eval.every", "eval.epoch_metrics", "eval.metrics", "eval.references",
                               "eval.batch_size", "eval.figures", "eval.encoder"})
 _CHECKPOINT_PREFIX = "checkpoint_"  # Ray's checkpoint folders inside a trial folder
+# config keys outside any section (`schedule`): config columns although they hold no dot
+_TOP_KEYS = frozenset(k for k in dotted_keys() if "." not in k)
+
+
+def is_config_column(name: Any) -> bool:
+    """Whether a frame's column is a config key (dotted, or a top-level key such as `schedule`)."""
+    return "." in str(name) or name in _TOP_KEYS
 
 
 class AnalysisError(ValueError):
@@ -179,7 +186,7 @@ def reference_key_columns(name: str, columns: Iterable[str]) -> list[str]:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """The metric columns of a `load_runs` frame: the undotted ones after the fixed columns."""
-    return [c for c in df.columns if c not in BASE_COLUMNS and c != "measured_by" and "." not in c]
+    return [c for c in df.columns if c not in BASE_COLUMNS and c != "measured_by" and not is_config_column(c)]
 
 
 def _is_missing(value: Any) -> bool:
@@ -224,7 +231,7 @@ def load_runs(paths: PathLike | Iterable[PathLike], *, completed_only: bool = Fa
     for line in skipped:
         warnings.warn(f"skipped {line}", SkippedRecordWarning, stacklevel=2)
     _label_datasets(runs)
-    config_columns = sorted({k for r in runs for k in r if "." in k})
+    config_columns = sorted({k for r in runs for k in r if is_config_column(k)})
     references = _dedupe_references(measured, config_columns)
     metrics = _ordered_metrics([*runs, *references], config_columns)
     columns = [*BASE_COLUMNS, *config_columns, "measured_by", *metrics]
@@ -265,6 +272,7 @@ def _run_row(file: Path, experiment: str, record: dict) -> tuple[dict, dict[str,
         "status": record.get("status"), "error": record.get("error"),
         "method": record.get("method"), "dataset": record.get("dataset"), "seed": record.get("seed"),
         "epochs_done": len(record.get("epochs") or []),
+        "schedule": (),  # a record written before `schedule:` existed ran without one
         **flatten_config(record.get("config")),
     }
     row.update({k: v for k, v in final.items() if k not in row})
@@ -367,7 +375,7 @@ _METRIC_ORDER = ("knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", 
 
 def _ordered_metrics(rows: list[dict], config_columns: list[str]) -> list[str]:
     fixed = {*BASE_COLUMNS, *config_columns, "measured_by"}
-    found = {k for r in rows for k in r if k not in fixed and "." not in k}
+    found = {k for r in rows for k in r if k not in fixed and not is_config_column(k)}
     known = [m for m in _METRIC_ORDER if m in found]
     return known + sorted(found - set(known))
 
@@ -387,7 +395,7 @@ def _dedupe_references(measured: list[tuple[str, dict, dict]], config_columns: l
         row.update(kind="reference", method=name, error=None, epochs_done=None, measured_by=len(members))
         for metrics, _ in members:
             for k, v in metrics.items():
-                if "." not in k and k not in row and not _is_missing(v):
+                if not is_config_column(k) and k not in row and not _is_missing(v):
                     row[k] = v
         out.append(row)
     order = {n: i for i, n in enumerate(REFERENCES)}

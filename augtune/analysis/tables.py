@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 
 from augtune.analysis.frame import (REFERENCES, AnalysisError, MixedDatasetsError, NoFinishedRunsError,
-                                    UnknownColumnError, UnknownMetricError, metric_columns,
-                                    reference_key_columns)
+                                    UnknownColumnError, UnknownMetricError, is_config_column,
+                                    metric_columns, reference_key_columns)
 from augtune.config import format_value, key_applies, run_signature
 
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # in [0, 1]; printed as percentages
@@ -371,7 +371,7 @@ def _resolve_mode(mode: Mode, metric: str) -> str | None:
 
 
 def _flat(row: pd.Series) -> dict[str, Any]:
-    return {k: _plain(row[k]) for k in row.index if "." in str(k) and not str(k).startswith("_")}
+    return {k: _plain(row[k]) for k in row.index if is_config_column(k) and not str(k).startswith("_")}
 
 
 def _distinct_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -407,7 +407,7 @@ def _fixed_keys(df: pd.DataFrame, axis_keys: list[str], pool: Iterable[str]) -> 
         fixed |= {key, *_AXIS_KEYS.get(key, ())}
     for key in pool:
         if key != "seed" and key not in df.columns:
-            close = difflib.get_close_matches(key, [str(c) for c in df.columns if "." in str(c)], n=1)
+            close = difflib.get_close_matches(key, [str(c) for c in df.columns if is_config_column(c)], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise UnknownColumnError(f"--pool: no config key {key!r} in these runs{hint}")
         fixed |= {key, *_AXIS_KEYS.get(key, ())}
@@ -469,13 +469,31 @@ def _settings(shown: list[str], flat: dict, method: str, vary: list[str], sig: d
     return (*own, *((k, sig[k]) for k in vary if k in sig and k not in shown))
 
 
+def _setting(key: str, value: Any, digits: int | None) -> str:
+    """A setting in a label; a `schedule` (a PBT trial's, a replay's) as its number of steps and a short
+    digest of them: the row is its own, and the schedule itself is in the record."""
+    if key != "schedule":
+        return format_value(value, digits)
+    if not value:
+        return "none"
+    import hashlib
+    import json
+
+    try:
+        steps = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        steps = [value]
+    digest = hashlib.sha1(repr(value).encode()).hexdigest()[:6]
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''} #{digest}"
+
+
 def _texts(head: list, settings: list[tuple]) -> tuple[list, dict]:
     """Labels (the value itself when nothing is added) with as many digits as tell them apart, and their
     sort keys (by value, then by the settings' values)."""
     distinct = set(zip(head, settings))
     for digits in (6, None):
         def text(h: Any, s: tuple) -> Any:
-            settings = ", ".join(f"{k}={format_value(v, digits)}" for k, v in s)
+            settings = ", ".join(f"{k}={_setting(k, v, digits)}" for k, v in s)
             return f"{_label(h)} ({settings})" if s else h
 
         if len({text(h, s) for h, s in distinct}) == len(distinct) or digits is None:

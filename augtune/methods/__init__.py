@@ -46,7 +46,7 @@ MODALITIES = ("image", "vector")  # what an augmentation applies to unless its c
 
 __all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "DiffAug", "Encoder", "Method", "MoCo",
            "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
-           "build_method", "check_modality", "modalities"]
+           "build_method", "check_modality", "knobs", "modalities"]
 
 
 def modalities(name: str) -> tuple[str, ...]:
@@ -68,6 +68,16 @@ def check_modality(cfg, modality: str) -> None:
         hook = getattr(AUGMENTATIONS[name], "check_modality", None)
         if hook is not None:
             hook(cfg, modality)
+
+
+def knobs(cfg) -> tuple[str, ...]:
+    """The dotted keys a run of `cfg` reads at every epoch (a `schedule` or PBT may set them): the loop's
+    (`config.LOOP_KNOBS`), its base's and its augmentations' `knobs`, in that order."""
+    from augtune.config import LOOP_KNOBS
+
+    parts = [LOOP_KNOBS, getattr(BASES.get(cfg.method.base), "knobs", ())]
+    parts += [getattr(AUGMENTATIONS.get(name), "knobs", ()) for name in cfg.method.augment]
+    return tuple(dict.fromkeys(k for part in parts for k in part))
 
 
 def build_method(cfg, data) -> Method:

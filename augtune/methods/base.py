@@ -156,6 +156,9 @@ class Objective(nn.Module):
     """
 
     name = "objective"
+    # Dotted config keys it reads from `self.cfg` at every step (never caches at set-up): a `schedule` or
+    # PBT may change them between epochs, handed over by `apply_knobs`.
+    knobs: tuple[str, ...] = ()
 
     def __init__(self, encoder: Encoder, cfg):
         super().__init__()
@@ -205,6 +208,10 @@ class Objective(nn.Module):
     def online_networks(self) -> list[nn.Module]:
         """The networks trained by the encoder's optimiser (whose buffers a look-ahead must keep)."""
         return [m for m in (self.encoder, self.projector, self.predictor) if m is not None]
+
+    def apply_knobs(self, cfg) -> None:
+        """The config in force from this epoch on (it differs from the run's only in `knobs`)."""
+        self.cfg = cfg
 
     def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, Outputs]:
         raise NotImplementedError
@@ -290,11 +297,19 @@ class Augmentation(nn.Module):
     name = "augmentation"
     figures: tuple[str, ...] = ()  # `augtune plot` kinds drawn at the end of a run (eval.figures: None)
     encoder_phases: Optional[tuple[str, ...]] = None  # phases the encoder trains in; None: all
+    # Dotted config keys it reads from `self.cfg` at every step (per-epoch knobs): a `schedule` or PBT may
+    # change them between epochs (`apply_knobs`). A key read only at set-up (a network's width) is not one.
+    knobs: tuple[str, ...] = ()
 
     def __init__(self, cfg, data):
         super().__init__()
         self.cfg = cfg
         self.meter = EpochMeter()  # this epoch's diagnostics, reported as `<name>_<key>`
+
+    def apply_knobs(self, cfg) -> None:
+        """The config in force from this epoch on (it differs from the run's only in `knobs`); a method
+        that keeps a section of its own (`self.d = cfg.diffaug`) refreshes it here."""
+        self.cfg = cfg
 
     def transform(self, batch: Batch, method, info: StepInfo) -> Batch:
         return batch  # a new Batch (`batch.with_views(...)`) when the views change

@@ -169,6 +169,8 @@ class CoCor(Augmentation):
 
     name = "cocor"
     figures = ("cocor",)
+    # read in every step; lengths, pool and mmnn shape its networks and buffers at set-up
+    knobs = ("cocor.consistency", "cocor.meta_batch", "cocor.meta_every", "cocor.view_fraction")
 
     @classmethod
     def check_modality(cls, cfg, modality: str) -> None:

@@ -69,6 +69,12 @@ class Method(nn.Module):
     def encoder_active(self, phase: str) -> bool:
         return self.encoder_phases is None or phase in self.encoder_phases
 
+    def apply_knobs(self, cfg) -> None:
+        """The config in force from this epoch on, to the objective and every augmentation."""
+        self.objective.apply_knobs(cfg)
+        for aug in self.augments:
+            aug.apply_knobs(cfg)
+
     def on_epoch_start(self, info: StepInfo) -> None:
         for aug in self.augments:
             aug.meter.reset()

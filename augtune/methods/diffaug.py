@@ -46,6 +46,9 @@ class DiffAug(Augmentation):
 
     name = "diffaug"
     figures = ("diffaug",)
+    # read through self.d in every step or buffer refresh; steps, schedule and the networks are set-up
+    knobs = ("diffaug.lam", "diffaug.nu_y", "diffaug.nu_z", "diffaug.alpha", "diffaug.ema",
+             "diffaug.sample_steps", "diffaug.sample_variance", "diffaug.clip")
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)
@@ -85,6 +88,10 @@ class DiffAug(Augmentation):
         self.last_b = None if self.sync else self._last_b_epoch(cfg)
         self.register_state_dict_post_hook(_store_ema_once)
         self.register_load_state_dict_pre_hook(_restore_ema)
+
+    def apply_knobs(self, cfg) -> None:
+        super().apply_knobs(cfg)
+        self.d = cfg.diffaug
 
     # -- the generator's space: images in [-1, 1] (DDPM), vectors as they are (already standardised) --
 

@@ -10,6 +10,7 @@ from augtune.methods.losses import gather_no_grad, info_nce_queue
 
 class MoCo(MomentumObjective):
     name = "moco"
+    knobs = ("train.temperature",)
     default_momentum = 0.99  # MoCo uses 0.999 over ~500k ImageNet steps; short runs need 0.99
 
     def __init__(self, encoder: Encoder, cfg):

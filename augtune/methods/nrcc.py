@@ -96,6 +96,9 @@ class NRCC(Augmentation):
     """NRCC: SGHMC hard negatives x^c and the regulariser of eqs. 5-6 on InfoNCE, BYOL (and MoCo, SimSiam)."""
 
     name = "nrcc"
+    # read in every step (negatives, loss_terms); negatives and order are the ablations' switches
+    knobs = ("nrcc.lam", "nrcc.tau", "nrcc.delta1", "nrcc.delta2", "nrcc.delta3", "nrcc.steps",
+             "nrcc.grad_clip")
     figures = ("umap",)
 
     @staticmethod

@@ -140,6 +140,7 @@ class PiNDA(Augmentation):
 
     name = "pinda"
     figures = ("pinda",)
+    knobs = ("pinda.penalty",)  # read in every loss_terms
 
     def __init__(self, cfg, data):
         super().__init__(cfg, data)

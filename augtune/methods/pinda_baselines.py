@@ -43,6 +43,7 @@ class SimCL(Augmentation):
     """SimCL (B.2): h + eta ||h|| n / ||n||, n ~ N(0, I), between backbone and projector."""
 
     name = "simcl"
+    knobs = ("pinda.simcl_eta",)
     modalities = ("vector",)  # a non-vision baseline (PiNDA B.2)
 
     def perturb_features(self, h: torch.Tensor, info: StepInfo | None) -> torch.Tensor | None:
@@ -56,6 +57,7 @@ class CLAE(Augmentation):
     """CLAE: the last view replaced by its adversarial example, which increases the contrastive loss."""
 
     name = "clae"
+    knobs = ("pinda.clae_eps", "pinda.clae_steps", "train.temperature")
     modalities = ("vector",)  # a non-vision baseline (PiNDA B.2)
 
     def adversarial(self, v1: torch.Tensor, v2: torch.Tensor, method, info: StepInfo) -> torch.Tensor:

@@ -9,6 +9,7 @@ from augtune.methods.losses import nt_xent
 
 class SimCLR(Objective):
     name = "simclr"
+    knobs = ("train.temperature",)
 
     def loss(self, v1: torch.Tensor, v2: torch.Tensor, info: StepInfo) -> tuple[torch.Tensor, Outputs]:
         z1, z2 = self.embed(v1, info), self.embed(v2, info)  # (B, proj_dim) each

@@ -26,6 +26,7 @@ PLOTS: dict[str, str] = {
     "cocor": "augtune.plots.cocor",  # latent similarity per length (Fig. 4a), feature spectrum (4b)
     "diffaug": "augtune.plots.diffaug",  # originals + generated positives; the lambda curve
     "pinda": "augtune.plots.pinda",  # originals, Sigma, mu, noise, x + noise (PiNDA Figs. 1, 4)
+    "schedule": "augtune.plots.schedule",  # each knob per epoch, one line per run, PBT's exploits marked
     "search": "augtune.plots.search",  # a search's history, parallel coordinates, importances (Optuna's)
     "umap": "augtune.plots.umap",  # UMAP of the features by class and by found cluster (NRCC Fig. 1)
 }

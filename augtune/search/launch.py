@@ -174,6 +174,15 @@ def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
     return tune.with_resources(trainable, trial_resources(plan.cfg))
 
 
+# checkpoints kept per trial under PBT: a donor's checkpoint must outlive its copy (Tune warns at <= 2)
+PBT_CHECKPOINTS = 4
+
+
+def _checkpoints_kept(cfg: Config) -> int:
+    pbt = cfg.search.scheduler in ("pbt", "pb2")
+    return max(cfg.search.keep_checkpoints, PBT_CHECKPOINTS) if pbt else cfg.search.keep_checkpoints
+
+
 def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
                 repeats: Optional[str] = None):
     """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
@@ -187,7 +196,7 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: O
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.search.keep_checkpoints),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=_checkpoints_kept(cfg)),
         callbacks=[SettleRecords(folders, repeats),
                    *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
     )
@@ -335,7 +344,8 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
         if lost:
             log("no Tune state was saved yet: starting the search from the beginning")
         cfg = plan.cfg
-        algorithm, param_space = searcher(cfg, resolve_space(cfg.search, plan.modality), optuna_storage(plan))
+        space = resolve_space(cfg.search, plan.modality)
+        algorithm, param_space = searcher(cfg, space, optuna_storage(plan))
         rb = cfg.search.repeat_best
         log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
             f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
@@ -343,7 +353,7 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
                + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
         # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
         search_alg, sched = search_algorithm(restorable(algorithm, conc), RepeatBest(to_dict(cfg)), conc,
-                                             scheduler(cfg))
+                                             scheduler(cfg, space))
         return tune.Tuner(
             trainable,
             param_space=param_space,

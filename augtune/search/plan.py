@@ -50,8 +50,13 @@ def reported_metrics(cfg: Config) -> set[str]:
 
 
 def rung_epochs(cfg: Config) -> tuple[int, ...]:
-    """The epochs at which ASHA compares trials: grace_period * reduction_factor^k below train.epochs."""
+    """The epochs at which the scheduler compares trials: ASHA's grace_period * reduction_factor^k below
+    train.epochs; PBT's every `search.pbt.interval` epochs."""
+    from augtune.search.pbt import is_pbt, perturbation_epochs
+
     s, epochs = cfg.search, cfg.train.epochs
+    if is_pbt(cfg):
+        return perturbation_epochs(cfg)
     if s.scheduler != "asha":
         return ()
     out, r = [], float(s.grace_period)
@@ -68,14 +73,16 @@ def trial_base(cfg: Config, storage: str) -> dict:
     from augtune.eval import OUTPUTS
 
     family = next((f for f, names in OUTPUTS.items() if cfg.search.metric in names), None)
-    ev = cfg.eval
+    ev, train = cfg.eval, cfg.train
+    if cfg.search.scheduler in ("pbt", "pb2"):  # a checkpoint where PBT may copy the trial
+        train = replace(train, checkpoint_every=cfg.search.pbt.interval)
     if family is not None and family not in ev.epoch_metrics:
         ev = replace(ev, epoch_metrics=(*ev.epoch_metrics, family))
     ev = replace(ev, at=tuple(sorted(set(ev.at) | set(rung_epochs(cfg)))),
                  every=0 if ev.every is None else ev.every)
     if ev.reference_cache is None and not is_uri(storage):
         ev = replace(ev, reference_cache=str(Path(storage) / REFERENCE_CACHE))
-    return to_dict(replace(cfg, eval=ev))
+    return to_dict(replace(cfg, eval=ev, train=train))
 
 
 def check_metric(cfg: Config) -> None:
@@ -241,6 +248,9 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
         check_against_data(cfg, data)  # knn_k below the samples; the networks within memory
     space = resolve_space(cfg.search, modality)
     check_algorithm(cfg.search, space)
+    from augtune.search.pbt import check_pbt
+
+    cfg = check_pbt(cfg, space, to_dict(cfg))  # search.pbt.mutate resolved and checked
     base = trial_base(cfg, storage)
     check_trials(base, space, figure_kinds, modality, n_train)
     if not address and cfg.resources.use_gpu:
@@ -321,6 +331,10 @@ def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
     trials, rb = trials_of(plan), s.repeat_best
     sched = {"asha": f"ASHA (grace {s.grace_period}, reduction {s.reduction_factor}: stops trials early)",
              "none": "none (every trial runs every epoch)"}.get(s.scheduler, s.scheduler)
+    if s.scheduler in ("pbt", "pb2"):
+        from augtune.search.pbt import describe_pbt
+
+        sched = describe_pbt(cfg)
     repeats = repeat_runs if repeat_runs is not None else rb.top * len(rb.seeds)
     need = ", ".join(f"{k} {v:g}" for k, v in trial_needs(cfg).items())
     label = "+".join((cfg.method.base, *cfg.method.augment))

@@ -150,7 +150,13 @@ def searcher(cfg: Config, space: Space, storage: Any = None):
                                      sampler=sampler, **extra), constants(space)
 
 
-def scheduler(cfg: Config):
+def scheduler(cfg: Config, space: Space | None = None):
+    """The Tune scheduler of `search.scheduler` (None: none); PBT's and PB2's need the `space` whose
+    domains give the perturbations (`augtune.search.pbt`)."""
+    if cfg.search.scheduler in ("pbt", "pb2"):
+        from augtune.search.pbt import pbt_scheduler
+
+        return pbt_scheduler(cfg, space)
     if cfg.search.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 

@@ -47,6 +47,9 @@ class TrialStatus:
     stopped: bool = False  # stopped early by the scheduler (its record says `stopped`)
     repeat: bool = False  # a repeat run of the search's best (`augtune.search.repeat`)
     interrupted: bool = False  # RUNNING to Tune, but no driver runs the experiment any more
+    # a PBT trial's copies of other trials (its record's `exploits`); None: not a PBT trial. Its params
+    # are its values now (the last a copy perturbed)
+    exploits: Optional[int] = None
 
     @property
     def shown_status(self) -> str:
@@ -144,8 +147,17 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
             trial_id=trial.get("trial_id", "?"), status=trial.get("status", "?"),
             epochs=int(last.get("epoch", 0) or 0), metric=last_value(run, metric),
             params=params, error=_error(folder, record), folder=folder.name,
-            stopped=record.get("status") == "stopped", repeat=repeat))
+            stopped=record.get("status") == "stopped", repeat=repeat, exploits=_exploits(record)))
     return out
+
+
+def _exploits(record: dict) -> Optional[int]:
+    config = record.get("config")
+    search = config.get("search") if isinstance(config, dict) else None
+    if not isinstance(search, dict) or search.get("scheduler") not in ("pbt", "pb2"):
+        return None
+    count = record.get("exploits") or 0
+    return count if isinstance(count, int) else 0
 
 
 def _summary(trials: list[TrialStatus]) -> str:
@@ -177,6 +189,8 @@ def _section(title: str, trials: list[TrialStatus], metric: str, compare: bool) 
     for t in trials:
         value = f"{t.metric:.4f}" if t.metric is not None else "-"
         params = " ".join(f"{k}={v}" for k, v in t.params.items() if k not in hidden)
+        if t.exploits is not None:
+            params = f"[{t.exploits} exploit{'s' if t.exploits != 1 else ''}] {params}"
         tail = f"{params}  {t.error}".strip() if t.error else params
         who = f"{_entrant(t.params):<{width}}" if compare else ""
         lines.append(f"  {t.trial_id:<14}{who}{t.shown_status:<12}{t.epochs:>7}  {value:>14}  {tail}")

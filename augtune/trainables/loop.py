@@ -17,7 +17,7 @@ from typing import Callable, Optional, Protocol
 import torch
 from torch import nn
 
-from augtune.config import Config, parse_duration, to_dict
+from augtune.config import Config, parse_duration, replace_values, to_dict, value_of, values_at
 from augtune.data.batches import batches, on_device
 from augtune.data.views import build_view
 from augtune.eval import evaluate, extract_features
@@ -85,6 +85,15 @@ def make_optimizer(spec: OptimizerSpec, train) -> torch.optim.Optimizer:
     return cls(spec.params, lr=lr, weight_decay=wd)
 
 
+def tracked_keys(cfg: Config) -> tuple[str, ...]:
+    """The knobs a run records per epoch: the keys its `schedule` sets and, in a PBT search's trial,
+    the keys PBT mutates (`search.pbt.mutate`, resolved by the plan)."""
+    keys = [k for step in cfg.schedule for k in step.set]
+    if cfg.search.scheduler in ("pbt", "pb2"):
+        keys += cfg.search.pbt.mutate
+    return tuple(dict.fromkeys(keys))
+
+
 class Trainer:
     """Trains `cfg`'s method on `data` (a DataSplit). Rank/world describe a DDP process group."""
 
@@ -131,6 +140,10 @@ class Trainer:
         for opt in self.optimizers.values():
             for g in opt.param_groups:
                 g.setdefault("base_lr", g["lr"])
+        self._lr_follows = [s.name for s in self.specs if s.lr is None]  # the optimisers train.lr sets
+        # the per-epoch knobs this run records in every epoch (and a schedule or PBT may change)
+        self.tracked = tracked_keys(cfg)
+        self.knobs: dict = {}  # their values in force in the epoch being trained
         self.warmup_steps = round(t.warmup_epochs * self.steps_per_epoch)
         self.epoch = 0  # epochs finished
         self.global_step = 0
@@ -211,9 +224,26 @@ class Trainer:
             out.append(self.view.apply(x, {k: v[mine] for k, v in params.items()}))
         return out[0], out[1]
 
+    def apply_knobs(self) -> None:
+        """Put in force the knob values of the epoch about to be trained: the run's config with its
+        `schedule`'s steps up to this epoch, handed to the method, and train.lr as the peak of the
+        optimisers that follow it (the warm-up and cosine keep their position). Called at the start of
+        every epoch, also after a checkpoint is loaded (a PBT exploit's optimisers hold the donor's)."""
+        if not self.tracked:
+            return
+        values = {k: value_of(self.cfg, k) for k in self.tracked}
+        values.update(values_at(self.cfg, self.epoch + 1))
+        in_force = replace_values(self.cfg, values)
+        self.method.apply_knobs(in_force)
+        for name in self._lr_follows:
+            for g in self.optimizers[name].param_groups:
+                g["base_lr"] = in_force.train.lr
+        self.knobs = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
     def train_epoch(self) -> dict:
         t, epoch = self.cfg.train, self.epoch
         phase = self.phases[epoch]
+        self.apply_knobs()
         active = [self.optimizers[s.name] for s in self.specs
                   if not s.manual and (s.phases is None or phase in s.phases)]
         params = [p for o in active for g in o.param_groups for p in g["params"]]
@@ -255,6 +285,8 @@ class Trainer:
         metrics = {"epoch": epoch + 1}
         if phase:
             metrics["phase"] = phase
+        if self.knobs:
+            metrics["knobs"] = dict(self.knobs)  # the values this epoch trained with
         metrics.update(self._epoch_losses(sums))
         self.diagnostics = self.method.epoch_metrics()  # this rank's (rank 0 reports)
         metrics.update(self.diagnostics)

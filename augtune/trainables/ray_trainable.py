@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from augtune.config import Config, from_dict, method_label, set_values, to_dict
-from augtune.records import CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri
+from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
+from augtune.records import (
+    CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri, knob_schedule,
+)
 
 if TYPE_CHECKING:
     from augtune.trainables.run import OnCompleted
@@ -79,7 +81,12 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
             check_checkpoint_epoch(trainer, Path(d) / CHECKPOINT_FILE)  # not one of a longer run
             if (Path(d) / RECORD_FILE).exists():
-                record = RunRecord.read(Path(d))
+                saved = RunRecord.read(Path(d))
+                donor, me = saved.data.get("trial"), (about or {}).get("trial")
+                if donor and me and donor != me:  # PBT's exploit: another trial's run, continued here
+                    record = exploited(saved, record, trainer.epoch, folder)
+                else:
+                    record = saved
     finished = record.status == "completed" and trainer.epoch >= cfg.train.epochs
     if not finished:
         record.resumed()
@@ -108,6 +115,44 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
             report(_tune_metrics(metrics) if rank == 0 else {})
 
     life.fit(None, report_epoch)
+
+
+def exploited(donor: RunRecord, own: RunRecord, epoch: int, folder: TrialFolder | None = None) -> RunRecord:
+    """The record of a trial that PBT made continue `donor`'s run after `epoch` epochs: the donor's
+    epochs (the run this trial now continues, each with the knob values it trained under), this
+    trial's own config, parameters and identity (`own`: its fresh record), the lineage (the donor's,
+    then this copy: {"epoch", "trial", "from"}) and the number of exploits this trial made (its
+    folder's record counts the earlier ones). Time spent stays the trial's own: the donor's is its."""
+    before = {}
+    if folder is not None and (folder.local / RECORD_FILE).exists():
+        try:
+            before = RunRecord.read(folder.local).data
+        except ValueError:
+            before = {}
+    data = dict(own.data)
+    data.update(epochs=list(donor.data.get("epochs") or []), status="running", final={},
+                references=dict(donor.data.get("references") or {}))
+    copy = {"epoch": epoch, "trial": own.data.get("trial"), "from": donor.data.get("trial")}
+    data["lineage"] = [*(donor.data.get("lineage") or []), copy]
+    # a restart before the copy trained an epoch (Tune paused it again) loads the same checkpoint again
+    again = (before.get("lineage") or [None])[-1] == copy
+    data["exploits"] = int(before.get("exploits") or 0) + (0 if again else 1)
+    # the values this run trained under, epoch by epoch, as the config's schedule (pooled apart from other
+    # schedules; `augtune train` of the record's config replays it); then this trial's own from epoch + 1
+    from augtune.trainables.loop import tracked_keys
+
+    cfg = from_dict(data["config"])
+    mine = {k: value_of(cfg, k) for k in tracked_keys(cfg)}
+    if epoch < cfg.train.epochs:
+        schedule = knob_schedule(data["epochs"], mine, until=epoch)
+    else:  # the donor had finished when Tune saved it: the copy is its finished run, nothing left to train
+        schedule = knob_schedule(data["epochs"])
+        data.update(status=donor.status, final=dict(donor.final), finished=donor.data.get("finished"))
+    data["config"] = {**data["config"], "schedule": schedule}
+    for key in ("seconds", "cpu_seconds", "nodes"):
+        if before.get(key):
+            data[key] = before[key]
+    return RunRecord(data)
 
 
 _TRIALS_IN_PROCESS = [0]
@@ -142,6 +187,7 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
              "process": os.getpid(), **race}
     records = (repeats or experiment) if repeat else experiment
     folder = TrialFolder(records)
+    about["trial"] = folder.name  # whose run a checkpoint holds (PBT copies checkpoints between trials)
     hook = on_repeat_completed if repeat else on_completed
     if runs_in_process(cfg):
         if tune_run is not None and tune_run.rstrip("/") != records.rstrip("/"):  # Tune keeps them elsewhere
