@@ -139,6 +139,10 @@ def schedule_config(paths: list[Path], trial: str | None = None, metric: str = "
     head = (f"# replays {folder.name} ({record.get('method')}, final {metric} "
             f"{(record.get('final') or {}).get(metric)}): {len(config['schedule'])} schedule step(s), "
             f"{len(lineage)} exploit(s) in its lineage\n")
+    if config["dataset"].get("evaluate_on") == "val":
+        head += ("# scored on the validation split, as the trial was (its final metric is comparable);\n"
+                 "# with dataset.evaluate_on: test it trains on the whole training split and is scored on\n"
+                 "# the test split\n")
     return head + yaml.safe_dump(config, sort_keys=False)
 
 
