@@ -13,7 +13,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {
-    "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+    # scored on the validation split, as a search's trials are: both runners train and score the same rows
+    "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128,
+                "evaluate_on": "val"},
     "model": {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16, "proj_hidden_dim": 16,
               "proj_dim": 8},
     "method": {"base": "simclr", "augment": ["nrcc"]},
@@ -23,7 +25,8 @@ CONFIG = {
 }
 
 RUN_ONLY = {"started", "finished", "host", "nodes", "git_revision", "process",  # where and when, not what
-            "params", "phase"}  # what the search knew of the trial: its sampled parameters, search or repeat
+            "params", "phase",  # what the search knew of the trial: its sampled parameters, search or repeat
+            "trial"}  # its Tune folder's name (whose run a checkpoint PBT copies holds)
 
 
 @pytest.mark.ray
