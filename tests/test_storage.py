@@ -34,13 +34,16 @@ def s3_server():
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-           "AWS_EC2_METADATA_DISABLED": "true",
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-    yield env
+    yield s3_env(*server.get_host_and_port())
     server.stop()
+
+
+def s3_env(host: str, port: int) -> dict[str, str]:
+    """The environment that points pyarrow, boto3 and every process started with it at moto's server."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
 @pytest.fixture
@@ -314,10 +317,7 @@ def test_a_search_outlives_the_object_store_being_unreachable_for_a_while(tmp_pa
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    s3 = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-          "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-          "AWS_EC2_METADATA_DISABLED": "true",
-          "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    s3 = s3_env(host, port)
     env = {**os.environ, **s3, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
     bucket = f"augtune-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], region_name="us-east-1",
