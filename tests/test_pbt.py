@@ -328,6 +328,21 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
 # -- a real PBT search -----------------------------------------------------------------------------
 
 
+def write_pbt_search(path, epochs: int) -> None:
+    """A PBT search of 4 PiNDA trials on digits vectors, perturbing every 2 epochs."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": TINY_MLP, "pinda": {"generator": "mlp"},
+        "train": {"epochs": epochs, "batch_size": 32, "num_threads": 1},
+        "eval": {"metrics": ["knn"], "references": False},
+        "resources": {"cpus_per_worker": 0.5},
+        "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
+                   "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"], "quantile": 0.5}},
+    }))
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replayable_schedule(tmp_path):
@@ -337,18 +352,8 @@ def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replay
     import subprocess
     import sys
 
-    import yaml
 
-    config = {
-        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
-        "model": TINY_MLP, "pinda": {"generator": "mlp"},
-        "train": {"epochs": 8, "batch_size": 32, "num_threads": 1},
-        "eval": {"metrics": ["knn"], "references": False},
-        "resources": {"cpus_per_worker": 0.5},
-        "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
-                   "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"], "quantile": 0.5}},
-    }
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    write_pbt_search(tmp_path / "c.yaml", epochs=8)
     cli = [sys.executable, "-m", "augtune.cli"]
     run = subprocess.run([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
@@ -399,18 +404,8 @@ def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path
     import sys
     import time
 
-    import yaml
 
-    config = {
-        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
-        "model": TINY_MLP, "pinda": {"generator": "mlp"},
-        "train": {"epochs": 10, "batch_size": 32, "num_threads": 1},
-        "eval": {"metrics": ["knn"], "references": False},
-        "resources": {"cpus_per_worker": 0.5},
-        "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
-                   "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"], "quantile": 0.5}},
-    }
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    write_pbt_search(tmp_path / "c.yaml", epochs=10)
     cli = [sys.executable, "-m", "augtune.cli"]
     proc = subprocess.Popen([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
