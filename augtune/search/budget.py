@@ -134,17 +134,18 @@ def measure(cfg: Config, data, log=lambda s: None, evaluate_s: float | None = No
 
     import torch
 
-    from augtune.methods import build_method
     from augtune.trainables.loop import Trainer
 
-    schedule = cfg.train.phases or build_method(cfg, data).default_phases()
-    floor = min_epochs(schedule)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.train.num_threads or max(1, int(cfg.resources.cpus_per_worker)))
     try:
         t0 = time.perf_counter()
-        trainer = Trainer(replace(cfg, train=replace(cfg.train, epochs=floor)), data, log=log)
+        trainer = Trainer(cfg, data, log=log)
         set_up = time.perf_counter() - t0
+        schedule = cfg.train.phases or trainer.method.default_phases()
+        floor = min_epochs(schedule)
+        if floor > 1:  # one epoch of each segment: the schedule scaled to its fewest epochs
+            trainer = Trainer(replace(cfg, train=replace(cfg.train, epochs=floor)), data, log=log)
         epochs = []
         for _ in range(floor):
             t0 = time.perf_counter()
