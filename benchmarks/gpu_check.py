@@ -19,6 +19,10 @@ that runs past it):
   (`train.channels_last`), bf16 + channels_last + compile (`train.compile`). Per variant: samples/s
   (training images per second; each gives two views), seconds per epoch-equivalent (50 000 /
   samples/s), ms per step, peak GPU memory (GiB), the warm-up's seconds (compilation included).
+- profile: the bf16 + channels_last ResNet-18 step (10 steps after the warm-up) under torch's
+  profiler: the fraction of the step's wall the GPU is busy (the union of its kernels' and copies'
+  intervals: well under 1 means the host bounds the step), kernels per step, the views' host and
+  GPU ms inside the step, and the ten ops with the most GPU time and the most host time.
 - methods: SimCLR alone and with PiNDA (its ResNet-18 generator), CoCor (lengths 1-3, MMNN), NRCC
   (one SGHMC step), DiffAug (`diffaug.gen_steps: 1`, Alg. 1) in the bf16 + channels_last setting,
   each against the base as the papers' tables give it: `x_base` = the method's epoch-equivalent
@@ -62,6 +66,9 @@ Fields per part (units in the names; null where a device does not have it):
     resnet18: n, shape, batch, model, steps, variants {VARIANT: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, warmup_s, x_fp32 (speed-up), autocast, channels_last, compile}} for
               VARIANT in fp32, bf16, bf16_cl, bf16_cl_compile (a failed one: {"error": str})
+    profile:  variant, batch, steps, step_ms (unprofiled), profiled_step_ms, gpu_busy_ms,
+              gpu_busy_fraction, kernels_per_step, views_host_ms, views_gpu_ms, top_gpu and
+              top_host [{name, ms_per_step, calls_per_step}] (GPU fields null on a CPU)
     methods:  setting, n, batch, steps, runs {NAME: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, x_base}} for NAME in simclr, pinda, cocor, nrcc, diffaug_B, diffaug_A;
               diffaug_A also has refresh_s_per_1000, n_refreshed, and an epoch_s that includes
@@ -101,7 +108,7 @@ from augtune.data.batches import as_float  # noqa: E402
 from augtune.data.datasets import DataSplit  # noqa: E402
 from augtune.trainables.loop import Trainer  # noqa: E402
 
-PARTS = ("env", "views", "resnet18", "methods", "share", "compare", "ddp")
+PARTS = ("env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp")
 VARIANTS = {  # name -> train section
     "fp32": {"precision": "fp32"},
     "bf16": {"precision": "bf16"},
@@ -469,6 +476,78 @@ def part_resnet18(check: Check) -> dict:
             v["x_fp32"] = round(v["samples_per_s"] / fp32, 3)  # speed-up over fp32
     check.variants = out["variants"]
     return out
+
+
+def part_profile(check: Check) -> dict:
+    """The bf16 + channels_last ResNet-18 SimCLR step under torch's profiler: how much of its wall the
+    GPU is busy (the union of its kernels' and copies' intervals; a step bound by the host leaves it
+    idle), kernels launched per step, the views' host and GPU time inside the step, and the ops with
+    the most GPU and host time. Without a GPU only the host columns are filled."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    sizes, device = check.sizes, torch.device(check.args.device)
+    steps = min(sizes.steps, 10)
+    trainer = Trainer(
+        config(sizes, check.args.device, VARIANTS["bf16_cl"]),
+        synthetic(sizes.batch * max(steps, sizes.warm), sizes.shape),
+        log=lambda s: None,
+    )
+    timed_epoch(trainer, sizes.warm)
+    plain = timed_epoch(trainer, steps)  # the same steps unprofiled: what the profiler adds
+    views = trainer._views
+
+    def labelled(*a):
+        with record_function("augtune.views"):
+            return views(*a)
+
+    trainer._views = labelled
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        wall = timed_epoch(trainer, steps)
+    events = prof.events()
+    on_gpu = sorted(
+        (e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA
+    )
+    busy, reach = 0, None  # the union of the GPU's intervals, us
+    for start, end in on_gpu:
+        if reach is None or start > reach:
+            busy += end - start
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    per_step = 1e3 * steps  # us in all -> ms per step
+    table = prof.key_averages()
+
+    def top(key: str) -> list[dict]:
+        rows = sorted(table, key=lambda a: getattr(a, key), reverse=True)[:10]
+        return [
+            {
+                "name": a.key[:80],
+                "ms_per_step": round(getattr(a, key) / per_step, 3),
+                "calls_per_step": round(a.count / steps, 1),
+            }
+            for a in rows
+            if getattr(a, key) > 0
+        ]
+
+    mark = next((a for a in table if a.key == "augtune.views"), None)
+    gpu = device.type == "cuda"
+    return {
+        "variant": "bf16_cl",
+        "batch": sizes.batch,
+        "steps": steps,
+        "step_ms": round(1e3 * plain / steps, 2),
+        "profiled_step_ms": round(1e3 * wall / steps, 2),
+        "gpu_busy_ms": round(busy / per_step, 2) if gpu else None,
+        "gpu_busy_fraction": round(busy / (1e6 * wall), 3) if gpu else None,
+        "kernels_per_step": round(sum(1 for _ in on_gpu) / steps, 1) if gpu else None,
+        "views_host_ms": round(mark.cpu_time_total / per_step, 3) if mark else None,
+        "views_gpu_ms": round(mark.device_time_total / per_step, 3) if mark and gpu else None,
+        "top_gpu": top("self_device_time_total") if gpu else [],
+        "top_host": top("self_cpu_time_total"),
+    }
 
 
 def part_methods(check: Check) -> dict:
@@ -866,6 +945,26 @@ def table(result: dict) -> str:
         )
     if r18.get("status") != "ok":
         rows.append(("resnet18", "", "", "", "", "", status("resnet18")))
+    prof = parts.get("profile", {})
+    if prof.get("status") == "ok":
+        busy = prof["gpu_busy_fraction"]
+        lead = prof["top_gpu"][:1] or prof["top_host"][:1]
+        rows.append(
+            (
+                "profile",
+                f"{prof['variant']} step {prof['step_ms']:.1f} ms",
+                "",
+                "",
+                "",
+                "",
+                (f"GPU busy {100 * busy:.0f}%, {prof['kernels_per_step']:.0f} kernels/step; "
+                 if busy is not None else "")
+                + f"views {prof['views_host_ms']} ms host / {prof['views_gpu_ms']} ms GPU"
+                + "".join(f"; most: {t['name']} {t['ms_per_step']} ms" for t in lead),
+            )
+        )
+    else:
+        rows.append(("profile", "", "", "", "", "", status("profile")))
     m = parts.get("methods", {})
     for name, v in m.get("runs", {}).items():
         rows.append(
@@ -957,17 +1056,19 @@ def main(argv: list[str] | None = None) -> dict:
         "env": 1,
         "views": 2,
         "resnet18": 20,
+        "profile": 10,
         "methods": 20,
         "share": 15,
         "compare": 30,
         "ddp": 15,
     }
     if not args.tiny:
-        need.update(resnet18=60, methods=60, share=45, compare=120, ddp=45)
+        need.update(resnet18=60, profile=30, methods=60, share=45, compare=120, ddp=45)
     fns = {
         "env": part_env,
         "views": part_views,
         "resnet18": part_resnet18,
+        "profile": part_profile,
         "methods": part_methods,
         "share": part_share,
         "compare": part_compare,
