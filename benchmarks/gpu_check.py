@@ -62,6 +62,7 @@ Fields per part (units in the names; null where a device does not have it):
     env:      device_name, gpu_count, gpu_memory_gib, capability, driver, torch, cuda, cudnn, nccl,
               torchvision, ray, augtune, python, platform, threads
     views:    batch, shape [C, H, W], views_ms, share {VARIANT: fraction of its step}, h2d_copies,
+              kernels (launched by one call),
               max_abs_diff_vs_cpu, bitwise_equal_fraction
     resnet18: n, shape, batch, model, steps, variants {VARIANT: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, warmup_s, x_fp32 (speed-up), autocast, channels_last, compile}} for
@@ -420,6 +421,7 @@ def part_views(check: Check) -> dict:
         "views_ms": round(statistics.median(times[1:]), 3),
         "share": {},
         "h2d_copies": None,
+        "kernels": None,
         "max_abs_diff_vs_cpu": None,
         "bitwise_equal_fraction": None,
     }
@@ -430,6 +432,7 @@ def part_views(check: Check) -> dict:
             trainer._views(x, sizes.batch, mine)
             sync(device)
         out["h2d_copies"] = sum(1 for e in prof.events() if "HtoD" in e.name)
+        out["kernels"] = sum(1 for e in gpu_work(prof) if "Memcpy" not in e.name)
         params = trainer.view.sample(sizes.batch, x)
         gpu = trainer.view.apply(x, params).cpu()
         cpu = trainer.view.cpu().apply(x.cpu(), {k: v.cpu() for k, v in params.items()})
@@ -478,12 +481,25 @@ def part_resnet18(check: Check) -> dict:
     return out
 
 
+def gpu_work(prof) -> list:
+    """The profile's kernels, copies and sets on the GPU, without the spans the profiler draws on the
+    GPU's timeline for a `record_function` label (they cover idle time too)."""
+    from torch.autograd import DeviceType
+
+    return [
+        e
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name != "augtune.views"
+    ]
+
+
 def part_profile(check: Check) -> dict:
     """The bf16 + channels_last ResNet-18 SimCLR step under torch's profiler: how much of its wall the
     GPU is busy (the union of its kernels' and copies' intervals; a step bound by the host leaves it
     idle), kernels launched per step, the views' host and GPU time inside the step, and the ops with
     the most GPU and host time. Without a GPU only the host columns are filled."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     sizes, device = check.sizes, torch.device(check.args.device)
@@ -505,10 +521,7 @@ def part_profile(check: Check) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         wall = timed_epoch(trainer, steps)
-    events = prof.events()
-    on_gpu = sorted(
-        (e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA
-    )
+    on_gpu = sorted((e.time_range.start, e.time_range.end) for e in gpu_work(prof))
     busy, reach = 0, None  # the union of the GPU's intervals, us
     for start, end in on_gpu:
         if reach is None or start > reach:
@@ -545,7 +558,9 @@ def part_profile(check: Check) -> dict:
         "kernels_per_step": round(sum(1 for _ in on_gpu) / steps, 1) if gpu else None,
         "views_host_ms": round(mark.cpu_time_total / per_step, 3) if mark else None,
         "views_gpu_ms": round(mark.device_time_total / per_step, 3) if mark and gpu else None,
-        "top_gpu": top("self_device_time_total") if gpu else [],
+        "top_gpu": [t for t in top("self_device_time_total") if t["name"] != "augtune.views"]
+        if gpu
+        else [],
         "top_host": top("self_cpu_time_total"),
     }
 
@@ -925,7 +940,7 @@ def table(result: dict) -> str:
                 "",
                 "",
                 "",
-                f"share of a step: {share}; H2D copies {views['h2d_copies']}",
+                f"share of a step: {share}; H2D copies {views['h2d_copies']}; kernels {views['kernels']}",
             )
         )
     else:
