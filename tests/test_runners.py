@@ -164,3 +164,44 @@ def test_a_trial_restored_mid_run_is_running_again_and_trains_on(tmp_path, monke
     record = json.loads((folder.local / RECORD_FILE).read_text())
     assert reports == [2]  # only the epoch that was left
     assert record["status"] == "completed" and record["final"] == full["final"]
+
+
+def test_a_trial_whose_folder_says_it_completed_is_not_trained_again_from_an_older_checkpoint(
+        tmp_path, monkeypatch):
+    """The record completes before the last epoch's report reaches Tune: a driver that died (or lost the
+    store) between the two is restored with the trial at an older checkpoint. The trial then reports its
+    last epoch again, from its folder's record, and trains and writes nothing."""
+    import ray
+
+    from augtune.config import from_dict
+    from augtune.data import load_dataset
+    from augtune.records import RECORD_FILE
+    from augtune.trainables import train_run
+    from augtune.trainables.loop import Trainer
+    from augtune.trainables.ray_trainable import TrialFolder, finished_in_folder, run_loop
+
+    cfg = from_dict({k: v for k, v in CONFIG.items() if k != "search"})
+    train_run(cfg, load_dataset(cfg.dataset), tmp_path / "ckpt", log=lambda s: None, stop_after=1)
+    full = train_run(cfg, load_dataset(cfg.dataset), tmp_path / "full", log=lambda s: None)
+    folder = TrialFolder(str(tmp_path / "exp"), name="trial_0")
+    (folder.local / RECORD_FILE).write_text(json.dumps({**full, "trial": "trial_0"}))
+    before = (folder.local / RECORD_FILE).read_text()
+
+    class Context:
+        @staticmethod
+        def get_node_id():
+            return "node-b"
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context)
+    monkeypatch.setattr(Trainer, "fit", lambda *a, **k: pytest.fail("trained again"))
+    reports = []
+    run_loop(cfg, rank=0, world_size=1, get_checkpoint=lambda: _Checkpoint(tmp_path / "ckpt"),
+             report=lambda metrics, **k: reports.append((metrics, k)), Checkpoint=None, folder=folder)
+    assert len(reports) == 1 and reports[0][1] == {}  # its last result, with no checkpoint
+    assert reports[0][0]["epoch"] == 2 and reports[0][0]["knn_acc"] == full["epochs"][-1]["knn_acc"]
+    assert (folder.local / RECORD_FILE).read_text() == before
+
+    # a record of another trial (a PBT copy's donor) or of fewer epochs is not this trial's end
+    for other in ({**full, "trial": "trial_9"}, {**full, "epochs": full["epochs"][:1]}):
+        (folder.local / RECORD_FILE).write_text(json.dumps(other))
+        assert finished_in_folder(folder, cfg) is None

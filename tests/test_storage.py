@@ -194,6 +194,100 @@ def test_records_tune_ended_are_settled_in_the_bucket(bucket):
     assert read["finished"] == {"status": "completed", "error": None}
 
 
+# -- an object store that goes away for a while -----------------------------------------------------
+
+class Clock:
+    """A fake clock that `sleep` moves on, and the pauses taken."""
+
+    def __init__(self):
+        self.now, self.pauses = 0.0, []
+
+    def sleep(self, s: float) -> None:
+        self.pauses.append(s)
+        self.now += s
+
+
+def test_patiently_retries_an_unreachable_store_with_growing_pauses_until_it_answers():
+    from augtune.trainables.ray_trainable import patiently
+
+    clock, calls, said = Clock(), [], []
+
+    def upload():
+        calls.append(clock.now)
+        if len(calls) < 5:
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject: Couldn't connect to server\nmore")
+        return "done"
+
+    assert patiently(upload, "uploading x", 100, sleep=clock.sleep, clock=lambda: clock.now,
+                     log=said.append) == "done"
+    assert clock.pauses == [1, 2, 4, 8]
+    assert said[0] == ("augtune: uploading x: the store is unreachable (AWS Error NETWORK_CONNECTION during "
+                       "PutObject: Couldn't connect to server); trying again in 1 s")
+
+
+def test_patiently_gives_up_with_the_stores_error_once_its_patience_is_spent():
+    from augtune.trainables.ray_trainable import patiently
+
+    clock = Clock()
+
+    def never():
+        raise OSError("Couldn't connect to server")
+
+    with pytest.raises(OSError, match="Couldn't connect"):
+        patiently(never, "x", 100, sleep=clock.sleep, clock=lambda: clock.now, log=lambda s: None)
+    assert clock.pauses == [1, 2, 4, 8, 16, 30, 30, 9]  # capped at 30 s; the last one ends at the deadline
+    assert clock.now == 100
+
+
+def test_patiently_does_not_retry_what_is_not_the_store_being_away():
+    from augtune.trainables.ray_trainable import patiently
+
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise ValueError("a bug, not an outage")
+
+    with pytest.raises(ValueError):
+        patiently(broken, "x", 100, sleep=lambda s: pytest.fail("slept"), log=lambda s: None)
+    assert calls == [1]
+
+
+def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path, monkeypatch, capsys):
+    """moto's server stopped, an upload of a trial's folder started, the server back on the same port 10 s
+    later: the upload lands, after saying that it waits."""
+    import threading
+
+    from moto.server import ThreadedMotoServer
+
+    import boto3
+
+    from augtune.trainables import ray_trainable
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in s3_env(host, port).items():
+        monkeypatch.setenv(k, v)
+    name = f"augtune-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=name)
+    folder = ray_trainable.TrialFolder(f"s3://{name}/exp", name="tune_trial_1")
+    (folder.local / "record.json").write_text('{"status": "running"}')
+    monkeypatch.setattr(ray_trainable, "STORE_PATIENCE_S", 60.0)
+    server.stop()
+    again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # moto's buckets live in
+    back = threading.Timer(10.0, again.start)  # this process: the same ones come back
+    try:
+        back.start()
+        folder.publish()
+        said = capsys.readouterr().out
+        assert "augtune: uploading s3://" in said and "the store is unreachable" in said, said
+        assert storage.read_text(f"s3://{name}/exp/tune_trial_1", "record.json") == '{"status": "running"}'
+    finally:
+        back.join()
+        again.stop()
+
+
 # -- a real search in a bucket ----------------------------------------------------------------------
 
 TINY = {

@@ -16,6 +16,7 @@ directly (:class:`TrialFolder`), never through Tune's staging copy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import tempfile
@@ -35,6 +36,34 @@ if TYPE_CHECKING:
 # a trial's default (train.checkpoint_every: None): a short epoch's checkpoint
 SEARCH_CHECKPOINT_EVERY = "5min"
 # can cost more than the epoch; a lost trial then restarts at most this much work earlier
+
+
+# How long a trial in cloud storage waits for an object store it cannot reach, retrying, before the write
+# fails the trial: an outage shorter than this pauses the trial instead of failing it (Tune's own retries,
+# search.max_failures, follow at once and are spent within seconds of an outage).
+STORE_PATIENCE_S = 300.0
+
+
+def patiently(fn: Callable, what: str, patience_s: float | None = None, *, sleep: Callable = time.sleep,
+              clock: Callable = time.monotonic, log: Callable[[str], None] = print):
+    """`fn()`, called again after a growing pause (1, 2, 4, ... 30 s) while it raises OSError (pyarrow's
+    error for an unreachable store) until `patience_s` (STORE_PATIENCE_S) have passed; then its error.
+    For writes that can be repeated whole: an upload of a folder, a report with its checkpoint (a
+    report that raised was not reported: Ray persists the checkpoint before it queues the result)."""
+    patience = STORE_PATIENCE_S if patience_s is None else patience_s
+    deadline, pause = clock() + patience, 1.0
+    while True:
+        try:
+            return fn()
+        except OSError as e:
+            left = deadline - clock()
+            if left <= 0:
+                raise
+            wait = min(pause, left)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            log(f"augtune: {what}: the store is unreachable ({reason}); trying again in {wait:.0f} s")
+            sleep(wait)
+            pause = min(2 * pause, 30.0)
 
 
 def runs_in_process(cfg: Config) -> bool:
@@ -75,9 +104,10 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
     trainer.cpu_seconds.update(setup=time.process_time() - cpu, start=started)
     record = start_record(cfg)
     record.data.update(about or {})  # what the search knows of this trial: its parameters, its phase
+    remote = folder is not None and folder.uri is not None  # a trial in cloud storage: waits out outages
     ckpt = get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
+        with _checkpoint_folder(ckpt, remote) as d:
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
             check_checkpoint_epoch(trainer, Path(d) / CHECKPOINT_FILE)  # not one of a longer run
             if (Path(d) / RECORD_FILE).exists():
@@ -87,6 +117,13 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
                     record = exploited(saved, record, trainer.epoch, folder)
                 else:
                     record = saved
+    done = finished_in_folder(folder, cfg) if trainer.epoch < cfg.train.epochs else None
+    if done is not None:
+        # The trial ended and its folder says so, but Tune's saved state is from before that (its driver
+        # died, or the store was away, between the two): Tune gets the run's last result again, and
+        # nothing is trained or written.
+        report(_tune_metrics(done["epochs"][-1]))
+        return
     finished = record.status == "completed" and trainer.epoch >= cfg.train.epochs
     if not finished:
         record.resumed()
@@ -110,11 +147,39 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
             with tempfile.TemporaryDirectory(prefix="augtune-ckpt-") as tmp:
                 tr.save_checkpoint(Path(tmp) / CHECKPOINT_FILE)
                 record.write(Path(tmp))
-                report(_tune_metrics(metrics), checkpoint=Checkpoint.from_directory(tmp))
+                saved = Checkpoint.from_directory(tmp)
+                if remote:
+                    patiently(lambda: report(_tune_metrics(metrics), checkpoint=saved),
+                              f"saving epoch {tr.epoch}'s checkpoint")
+                else:
+                    report(_tune_metrics(metrics), checkpoint=saved)
         else:
             report(_tune_metrics(metrics) if rank == 0 else {})
 
     life.fit(None, report_epoch)
+
+
+def finished_in_folder(folder: TrialFolder | None, cfg: Config) -> dict | None:
+    """The trial's own record in its folder when that says the run completed all its epochs (the record
+    completes before the last report reaches Tune); None otherwise, or without a folder (a worker)."""
+    if folder is None:
+        return None
+    data = folder.published_record()
+    if not data or data.get("status") != "completed" or data.get("trial", folder.name) != folder.name:
+        return None
+    epochs = data.get("epochs") or []
+    return data if len(epochs) == cfg.train.epochs else None
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(ckpt, remote: bool):
+    """The folder of a checkpoint to resume from; one in cloud storage is downloaded, patiently."""
+    if not remote:
+        with ckpt.as_directory() as d:
+            yield d
+        return
+    with tempfile.TemporaryDirectory(prefix="augtune-restore-") as tmp:
+        yield patiently(lambda: ckpt.to_directory(tmp), "downloading the checkpoint to resume from")
 
 
 def exploited(donor: RunRecord, own: RunRecord, epoch: int, folder: TrialFolder | None = None) -> RunRecord:
@@ -271,12 +336,37 @@ class TrialFolder:
         import pyarrow.fs
 
         fs, path = pyarrow.fs.FileSystem.from_uri(self.uri)
-        pyarrow.fs.copy_files(str(self.local), path, source_filesystem=pyarrow.fs.LocalFileSystem(),
-                              destination_filesystem=fs)
+        patiently(lambda: pyarrow.fs.copy_files(str(self.local), path, destination_filesystem=fs,
+                                                source_filesystem=pyarrow.fs.LocalFileSystem()),
+                  f"uploading {self.uri}")
 
     def write_record(self, record: RunRecord) -> None:
         record.write(self.local)
         self.publish()
+
+    def published_record(self) -> dict | None:
+        """The record the folder holds now (a URI's: downloaded, patiently), or None."""
+        if self.uri is None:
+            try:
+                return RunRecord.read(self.local).data if (self.local / RECORD_FILE).exists() else None
+            except ValueError:
+                return None
+        import json
+
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(f"{self.uri}/{RECORD_FILE}")
+
+        def read() -> dict | None:
+            if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+                return None
+            with fs.open_input_stream(path) as f:
+                return json.loads(f.read())
+
+        try:
+            return patiently(read, f"reading {self.uri}/{RECORD_FILE}")
+        except ValueError:
+            return None
 
 
 def _in_trial(cfg: Config, folder: TrialFolder, on_completed: OnCompleted | None, about: dict) -> None:
