@@ -4,6 +4,11 @@
 
 Both pipelines are SimCLR's (crop 0.2-1, flip 0.5, jitter 0.4/0.1 with p 0.8, grayscale 0.2; blur 0.5
 at 96 px); times are milliseconds per batch, median over repeats, after one warm-up call.
+
+Then a step's two views (`augtune.trainables.loop.two_views`: the parameters of 2B views drawn at
+once) made in one pass over the batch twice over (the loop's way on an accelerator) against two passes
+(its way on the CPU), with the ops each dispatches (torch's profiler; on a GPU most are kernel
+launches).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import torch
 from torchvision.transforms import v2
 
 from augtune.data.views import SimCLRView, blur_kernel_size
+from augtune.trainables.loop import two_views
 
 
 def _median_ms(fn, repeats: int, device: torch.device) -> float:
@@ -61,6 +67,31 @@ def main() -> None:
             f"{c}x{side}x{side} blur_p={blur_p}: batched {t_batched:8.1f} ms  per-sample v2 {t_loop:8.1f} ms"
             f"  speed-up x{t_loop / t_batched:.1f}"
         )
+
+    print("two views of a step: two passes (the CPU's) against one pass (an accelerator's)")
+    for c, side, batch in ((3, 32, 32), (3, 32, args.batch), (3, 32, 512)):
+        x = torch.rand(batch, c, side, side, device=device)
+        view = SimCLRView()
+
+        def two_passes():
+            return two_views(view, x, batch, slice(0, batch), one_pass=False)
+
+        def one_pass():
+            return two_views(view, x, batch, slice(0, batch), one_pass=True)
+
+        t_two, t_one = (_median_ms(f, args.repeats, device) for f in (two_passes, one_pass))
+        ops = [_ops(f) for f in (two_passes, one_pass)]
+        print(f"{c}x{side}x{side} batch {batch}: two passes {t_two:7.2f} ms ({ops[0]} ops)  "
+              f"one pass {t_one:7.2f} ms ({ops[1]} ops)  speed-up x{t_two / t_one:.2f}")
+
+
+def _ops(fn) -> int:
+    """The ops `fn` dispatches (the profiler's top-level events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_parent is None)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from augtune.methods import cocor_ops
 from augtune.methods import pinda as pinda_module
 from augtune.methods.base import Batch, StepInfo
 from augtune.methods.cocor_ops import IMAGE_OPS, VECTOR_OPS, composite_views
-from augtune.trainables.loop import Trainer
+from augtune.trainables.loop import Trainer, two_views
 from conftest import TINY_CNN
 
 DEVICE = torch.device(
@@ -409,6 +409,39 @@ def test_a_training_step_waits_for_the_device_once_and_copies_nothing():
         t.train_epoch()
     # a wait per step (the finiteness of the loss), and the epoch's mean loss read once at its end
     assert dict(split.events) == {("d2h", "__bool__"): t.steps_per_epoch, ("d2h", "item"): 1}
+
+
+@pytest.mark.parametrize("cfg, shape", [(ViewConfig(), (3, 16, 16)), (ViewConfig(blur_p=0.5), (3, 16, 16)),
+                                        (ViewConfig(), (1, 8, 8)), (ViewConfig(name="noise_mask"), (20,))])
+def test_a_steps_two_views_are_the_same_in_one_pass_and_in_two(cfg, shape):
+    """The loop's two views: one pass over the batch twice over (an accelerator's way) and two passes (the
+    CPU's) give the same pixels, bitwise, for the whole batch and for each DDP rank's rows, over seeds."""
+    view = build_view(cfg, "vector" if len(shape) == 1 else "image", shape)
+    for seed in range(8):
+        x = torch.rand(12, *shape, generator=torch.Generator().manual_seed(100 + seed))
+        for mine in (slice(0, 12), slice(0, 4), slice(4, 8), slice(8, 12)):
+            torch.manual_seed(seed)
+            two = two_views(view, x[mine], 12, mine, one_pass=False)
+            torch.manual_seed(seed)
+            one = two_views(view, x[mine], 12, mine, one_pass=True)
+            assert all(torch.equal(a, b) for a, b in zip(two, one)), (seed, mine)
+            assert not torch.equal(one[0], one[1])  # two views, not one twice
+        torch.manual_seed(seed)  # a rank's rows are the single process's rows
+        whole = two_views(view, x, 12, slice(0, 12), one_pass=True)
+        torch.manual_seed(seed)
+        rank = two_views(view, x[4:8], 12, slice(4, 8), one_pass=True)
+        assert torch.equal(whole[0][4:8], rank[0]) and torch.equal(whole[1][4:8], rank[1])
+
+
+def test_one_pass_views_make_no_copy_and_no_sync():
+    view = SimCLRView(blur_p=0.5)
+    x = images(c=3, side=16)
+    with DeviceSplit(x) as split:
+        view(x)  # the colour constants reach the device once
+        split.events.clear()
+        a, b = two_views(view, x, 32, slice(0, 16), one_pass=True)  # a DDP rank's half of 32
+    assert a.shape == b.shape == x.shape
+    assert not split.events, dict(split.events)
 
 
 def test_batched_views_are_the_per_sample_views_bitwise():

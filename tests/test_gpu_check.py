@@ -106,7 +106,7 @@ def test_the_tiny_check_runs_every_part_on_the_cpu(tmp_path):
     failed = {
         k: v.get("error") or v.get("reason") for k, v in parts.items() if v["status"] != "ok"
     }
-    assert list(parts) == ["env", "views", "resnet18", "methods", "share", "compare", "ddp"]
+    assert list(parts) == ["env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp"]
     assert not failed, failed
     variants = parts["resnet18"]["variants"]
     assert list(variants) == ["fp32", "bf16", "bf16_cl", "bf16_cl_compile"]
@@ -116,6 +116,9 @@ def test_the_tiny_check_runs_every_part_on_the_cpu(tmp_path):
     assert runs["simclr"]["x_base"] == 1 and all(r["x_base"] > 0 for r in runs.values()), runs
     assert "refresh_s_per_1000" in runs["diffaug_A"]
     assert set(parts["views"]["share"]) == set(variants)
+    prof = parts["profile"]  # the host's side of it on a CPU: the GPU's fields are empty
+    assert prof["step_ms"] > 0 and prof["gpu_busy_fraction"] is None and prof["top_gpu"] == []
+    assert prof["views_host_ms"] > 0 and prof["top_host"][0]["ms_per_step"] > 0
     assert parts["share"]["ratio"] > 0 and parts["share"]["how"] == "processes"
     assert parts["compare"]["rc"] == 0 and parts["ddp"]["backend"] == "gloo"
     for name in parts:

@@ -94,6 +94,28 @@ def tracked_keys(cfg: Config) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def two_views(view: torch.nn.Module, x: torch.Tensor, batch: int, mine: slice,
+              one_pass: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views of this rank's rows `x` (`mine`) of a global batch of `batch`: every rank draws the random
+    parameters of the whole global batch (the stream one process would draw) and makes only its own rows'
+    views, so DDP reproduces one big batch at 1/world of the view work.
+
+    The parameters of both views are drawn at once (2 x `batch` rows: the first view's, then the
+    second's). `one_pass` (the loop's choice on an accelerator) then makes both views in one pass over
+    the batch twice over: half the kernel launches of two passes, and a GPU's views are bound by
+    launches, not arithmetic (docs/results.md#gpu). On the CPU two passes are faster at large batches
+    (the doubled batch leaves the cache: `benchmarks/views.py`). Both give the same views, bitwise."""
+    params = view.sample(2 * batch, x)
+    rows = (mine, slice(batch + mine.start, batch + mine.stop))  # this rank's rows of each view
+    if not one_pass:
+        first, second = (view.apply(x, {k: v[r] for k, v in params.items()}) for r in rows)
+        return first, second
+    if (mine.start, mine.stop) != (0, batch):
+        params = {k: torch.cat([v[rows[0]], v[rows[1]]]) for k, v in params.items()}
+    both = view.apply(torch.cat([x, x]), params)
+    return both[: x.shape[0]], both[x.shape[0]:]
+
+
 class Trainer:
     """Trains `cfg`'s method on `data` (a DataSplit). Rank/world describe a DDP process group."""
 
@@ -215,14 +237,8 @@ class Trainer:
         opt.zero_grad(set_to_none=True)
 
     def _views(self, x: torch.Tensor, batch: int, mine: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two views of this rank's rows `x` of a global batch of `batch`: every rank draws the random
-        parameters of the whole global batch (the stream one process would draw) and makes only its
-        own rows' views, so DDP reproduces one big batch at 1/world of the view work."""
-        out = []
-        for _ in range(2):
-            params = self.view.sample(batch, x)
-            out.append(self.view.apply(x, {k: v[mine] for k, v in params.items()}))
-        return out[0], out[1]
+        """Two views of this rank's rows `x` of a global batch of `batch` (:func:`two_views`)."""
+        return two_views(self.view, x, batch, mine, one_pass=x.device.type != "cpu")
 
     def apply_knobs(self) -> None:
         """Put in force the knob values of the epoch about to be trained: the run's config with its
