@@ -66,8 +66,10 @@ class DatasetConfig:
     # split. 0: none (a search then selects on the test split, and its tables say so)
     val_fraction: float = _f(0.2, min=0, max=1, max_open=True)
     # the held-out split this run is scored on: test, or val (the split above; the test split is then not
-    # read at all). A search sets it per trial (val for its trials when val_fraction > 0, test for repeats)
-    evaluate_on: Literal["test", "val"] = "test"
+    # read at all), or both (trained without the validation split, scored on the test split, and on the
+    # validation split as val_<metric>: a compare's race chooses on those). A search sets it per trial
+    # (val for its trials when val_fraction > 0, test for repeats, both for a race's repeats)
+    evaluate_on: Literal["test", "val", "both"] = "test"
     download: bool = False  # never touch the network unless asked
     max_train: Optional[int] = _f(None, min=1)  # stratified, seeded subsample (smoke runs, budgets)
     max_test: Optional[int] = _f(None, min=1)
@@ -752,8 +754,9 @@ def _validate_dataset(d: DatasetConfig, prefix: str) -> None:
         raise ConfigError(
             f"{prefix}.unlabeled: only stl10 has an unlabelled split (dataset.name is {d.name})"
         )
-    if d.evaluate_on == "val" and d.val_fraction == 0:
-        raise ConfigError(f"{prefix}.evaluate_on: val needs a validation split ({prefix}.val_fraction > 0)")
+    if d.evaluate_on in ("val", "both") and d.val_fraction == 0:
+        raise ConfigError(f"{prefix}.evaluate_on: {d.evaluate_on} needs a validation split "
+                          f"({prefix}.val_fraction > 0)")
     if d.resplit and d.cache == "none":
         raise ConfigError(f"{prefix}.resplit: needs the images in memory (dataset.cache: memory)")
     if d.shared_dir is not None and not Path(d.shared_dir).expanduser().is_absolute():

@@ -30,6 +30,8 @@ COMPARE_SEARCH = "search"  # in a compare experiment's folder: the Tune run of i
 COMPARE_REPEAT = "repeat"  # ... and the records of every entrant's best configuration on the shared seeds
 ERROR_FILE = "error.txt"  # in a Ray trial's folder: why it failed (written by Tune)
 REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contained report
+# a metric scored on the validation split beside the test split (`dataset.evaluate_on: both`): its name
+VAL_PREFIX = "val_"
 # in a Tune trial's parameters: which of several searches sharing one Tune run it belongs to (a compare's
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"

@@ -215,7 +215,7 @@ def test_settings_from_the_compare_section():
     s = race.race_settings({"race": {"min_seeds": 3, "max_seeds": 10, "finalists": 2},
                             "margin": 0.005, "alpha": 0.01, "metrics": ["sr_acc", "knn_acc"]}, 10)
     assert s.seeds == SEEDS and s.min_seeds == 3 and s.margin == 0.005 and s.alpha == 0.01
-    assert s.metric == "sr_acc"
+    assert s.metric == "val_sr_acc"  # the first metric, on the validation split: the race never reads test
     with pytest.raises(ValueError, match="min_seeds"):
         RaceSettings("knn_acc", SEEDS, min_seeds=1)
     with pytest.raises(KeyError, match="zz"):

@@ -58,7 +58,10 @@ def _value(run: dict, means: dict[str, float]) -> float:
 
 
 def _ended(run: dict, means: dict[str, float], i: int) -> Ended:
-    return Ended(f"r{i}", run, {"knn_acc": _value(run, means), "epoch": 6})
+    """The run's result: `_value` on the validation split, which the race decides on; on the test split
+    the order reversed, so a race that read the test split would decide otherwise."""
+    value = _value(run, means)
+    return Ended(f"r{i}", run, {"val_knn_acc": value, "knn_acc": 1 - value, "epoch": 6})
 
 
 def _run_race(choose, means) -> tuple[list[list[dict]], bool]:
@@ -131,7 +134,7 @@ def test_a_failed_run_or_one_that_did_not_train_withdraws_its_candidate(tmp_path
     ended = [_ended(r, means, i) for i, r in enumerate(runs)]
     ended[0] = Ended("r0", runs[0], {}, "the trial errored")
     bad = next(i for i, r in enumerate(runs) if r[CANDIDATE] != runs[0][CANDIDATE])
-    ended[bad] = Ended(f"r{bad}", runs[bad], {"knn_acc": 0.9, "pinda_noise_norm": 0.0})
+    ended[bad] = Ended(f"r{bad}", runs[bad], {"val_knn_acc": 0.9, "knn_acc": 0.9, "pinda_noise_norm": 0.0})
     state = choose.state(ended)
     out = {c.id: c.reason for c in state.candidates if c.status == "withdrawn"}
     assert set(out) == {runs[0][CANDIDATE], runs[bad][CANDIDATE]}
@@ -184,8 +187,9 @@ def _end(alg, trial: Trial, means: dict) -> None:
     """What Tune does when a trial ends: its last result, flattened, to the search algorithm."""
     trial.set_status(Trial.TERMINATED)
     value = _value(trial.config, means) if CANDIDATE in trial.config else 0.5
-    trial.run_metadata.last_result = {"knn_acc": value, "epoch": 6, "config": trial.config}
-    flat = {"knn_acc": value, "epoch": 6, **{f"config/{k}": v for k, v in trial.config.items()}}
+    scores = {"knn_acc": value, "val_knn_acc": value}  # a search trial's knn_acc is on the validation split
+    trial.run_metadata.last_result = {**scores, "epoch": 6, "config": trial.config}
+    flat = {**scores, "epoch": 6, **{f"config/{k}": v for k, v in trial.config.items()}}
     alg.on_trial_complete(trial.trial_id, result=flat)
 
 
@@ -226,7 +230,7 @@ def test_the_repeat_runs_the_race_round_by_round_to_its_stop(tmp_path):
     keys = [_key(t) for t in made]
     assert len(keys) == len(set(keys))  # no run made twice
     assert len(keys) > 18  # round 1 (18 runs), then more rounds for those still racing
-    ended = [Ended(t.trial_id, t.config, {"knn_acc": _value(t.config, MEANS)}) for t in made]
+    ended = [Ended(t.trial_id, t.config, {"val_knn_acc": _value(t.config, MEANS)}) for t in made]
     state = choose.state(ended)
     assert state.stopped is not None
     for c in state.candidates:  # every run given out is the race's: no seed beyond a candidate's last round
@@ -360,7 +364,7 @@ def test_the_analysis_withdraws_a_candidate_whose_run_failed_as_the_driver_did()
     cfg = {"compare": to_dict(load_config(None, ["compare.race.enabled=true"]))["compare"],
            "train": {"seed": 0}}
     records = [{"entrant": e, "candidate": f"{e}#1", "seed": s, "status": "completed",
-                "final": {"knn_acc": 0.9 + s / 1000}} for e in ("a", "b", "c") for s in (1, 2, 3)]
+                "final": {"val_knn_acc": 0.9 + s / 1000}} for e in ("a", "b", "c") for s in (1, 2, 3)]
     lost = {**records[3], "status": "failed", "final": {}, "error": "lost: the driver was killed ..."}
     again = {**records[4], "status": "failed", "final": {}}  # failed once, then completed when run again
     records[0] = {**records[0], "status": "failed", "final": {}}
@@ -398,6 +402,10 @@ def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_p
     assert {g[1:] for g in got if g[2] != 1} <= {(3, 2)} and len(got) in (4, 6) and len(set(got)) == len(got)
     race = json.loads((exp / "race.json").read_text())
     assert race["stopped"] in ("separated", "max_seeds")
+    # chosen on the validation split, which the race's runs did not train on; reported on the test split
+    assert race["settings"]["metric"] == "val_knn_acc"
+    assert all(r["config"]["dataset"]["evaluate_on"] == "both" and {"knn_acc", "val_knn_acc"} <= set(r["final"])
+               for r in repeats)
     assert "race: round 1 (n = 2)" in run.stdout
     import augtune
 

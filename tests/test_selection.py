@@ -3,6 +3,8 @@ validation split a search's trials are scored on, the repeat runs' test split an
 what the verdict says of them."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +51,50 @@ def test_the_validation_split_is_carved_from_training_and_holds_no_test_sample(t
     # stratified: each class's share of the validation split is its share of the training split
     share = torch.bincount(full.y_train) / len(full.y_train)
     assert torch.allclose(torch.bincount(val.y_test) / len(val.y_test), share, atol=0.02)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_both_holds_the_validation_split_beside_the_test_split(tmp_path, seed):
+    """`evaluate_on: both` (a race's runs): the training rows and validation rows of `val`, and the test
+    split of `test`, untouched."""
+    x, y, xt, yt = _npz(tmp_path, seed)
+    np.savez(tmp_path / "d.npz", x=x, y=y, x_test=xt, y_test=yt)
+    kw = dict(name="arrays", path=str(tmp_path / "d.npz"), standardize=False, split_seed=seed, val_fraction=0.25)
+    full, val, both = (load_dataset(DatasetConfig(**kw, evaluate_on=on)) for on in ("test", "val", "both"))
+    assert torch.equal(both.x_train, val.x_train) and torch.equal(both.y_train, val.y_train)
+    assert torch.equal(both.x_val, val.x_test) and torch.equal(both.y_val, val.y_test)
+    assert torch.equal(both.x_test, full.x_test) and torch.equal(both.y_test, full.y_test)
+    assert full.x_val is None and val.x_val is None
+    with pytest.raises(ConfigError, match="evaluate_on: both needs a validation split"):
+        from_dict({"dataset": {**kw, "val_fraction": 0, "evaluate_on": "both"}})
+
+
+def test_a_run_on_both_splits_scores_each_as_the_runs_on_one(tmp_path):
+    """The same seed trained without the validation rows: its val_<metric> is what a run scored on the
+    validation split gets, its <metric> what the same model gets on the test split."""
+    x, y, xt, yt = _npz(tmp_path)
+    np.savez(tmp_path / "d.npz", x=x, y=y, x_test=xt, y_test=yt)
+    finals = {}
+    for on in ("val", "both"):
+        cfg = from_dict({"dataset": {"name": "arrays", "path": str(tmp_path / "d.npz"), "evaluate_on": on},
+                         "model": TINY_MLP, "train": {"epochs": 2, "batch_size": 64, "seed": 4},
+                         "eval": {"metrics": ["knn", "linear"], "every": 0, "references": False}})
+        t = Trainer(cfg, load_dataset(cfg.dataset), log=lambda s: None)
+        finals[on] = t.fit()
+        if on == "both":  # the test split's scores: the same model, the same training features
+            on_test = dataclasses.replace(t.data, x_val=None, y_val=None)
+            t.data = on_test
+            assert {k: finals[on][k] for k in ("knn_acc", "linear_acc")} == \
+                {k: v for k, v in t.evaluate(cfg.eval.metrics).items() if k in ("knn_acc", "linear_acc")}
+    assert finals["both"]["val_knn_acc"] == finals["val"]["knn_acc"]
+    assert finals["both"]["val_linear_acc"] == finals["val"]["linear_acc"]
+    assert finals["both"]["knn_acc"] != finals["both"]["val_knn_acc"]  # a different split
+
+
+def test_a_races_runs_are_scored_on_both_splits_and_other_repeats_on_the_test_split():
+    base = {"compare": {"race": {"enabled": True}}}
+    assert repeat_params({"train.seed": 1}, base, racing=True)["dataset.evaluate_on"] == "both"
+    assert repeat_params({"train.seed": 1}, base)["dataset.evaluate_on"] == "test"
 
 
 def test_vector_standardisation_is_fitted_on_the_training_rows_only(tmp_path):
@@ -195,9 +241,13 @@ def test_the_verdict_says_which_split_chose_and_which_one_it_reports():
     split = [_record("a", s, 0.9, resplit=True) for s in (1, 2, 3)]
     assert "each seed drew its own train/test split" in splits_note(search, split)
     assert splits_note([], repeat) == ""
-    raced = [{**_record("a", s, 0.9), "candidate": f"a#{s % 2}"} for s in (1, 2, 3)]
-    assert "the race chose between each entrant's finalists on the test split" in splits_note(search, raced)
+    raced = [{**_record("a", s, 0.9, evaluate_on="both"), "candidate": f"a#{s % 2}"} for s in (1, 2, 3)]
+    note = splits_note(search, raced)
+    assert "the race chose between each entrant's finalists on the same validation split" in note
+    assert "did not train on" in note and "optimistic" not in note
     assert "the race chose" not in splits_note(search, [{**r, "candidate": "a#0"} for r in raced])
+    earlier = [{**_record("a", s, 0.9), "candidate": f"a#{s % 2}"} for s in (1, 2, 3)]  # scored on test only
+    assert "finalists on the test split these numbers are on" in splits_note(search, earlier)
 
 
 def test_raw_is_paired_by_seed_when_each_seed_has_its_own_split():

@@ -65,6 +65,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from augtune.analysis import stats
+from augtune.records import VAL_PREFIX
 
 FORMAT = "augtune.race/1"
 RACE_FILE = "race.json"  # in a compare experiment's folder: the latest snapshot of its race
@@ -116,11 +117,13 @@ def race_settings(compare: Mapping, train_seed: int, metric: Optional[str] = Non
                   ) -> Optional[RaceSettings]:
     """The race of a compare section (as a dict: `compare.race`, `compare.margin`,
     `compare.alpha`), None when it has no race. Its seeds are train_seed + 1 .. + max_seeds, as a
-    fixed repeat's."""
+    fixed repeat's. It decides on `metric` (the compare's first) scored on the validation split
+    (`val_<metric>`: a race's runs train without it, `dataset.evaluate_on: both`), so the test split the
+    verdict reports is never what chose."""
     race = compare.get("race")
     if not race or not race.get("enabled", True):  # `compare.race.enabled: false`: a fixed repeat
         return None
-    metric = metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0]
+    metric = VAL_PREFIX + (metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0])
     hi = int(race.get("max_seeds", 10))
     margin = compare.get("margin")
     return RaceSettings(metric, tuple(int(train_seed) + i for i in range(1, hi + 1)),

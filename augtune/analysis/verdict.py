@@ -513,8 +513,12 @@ def splits_note(search: Sequence[Mapping], repeat: Sequence[Mapping]) -> str:
         if r.get("candidate") is not None:
             finalists.setdefault(r.get("entrant") or r.get("method"), set()).add(r["candidate"])
     if any(len(c) > 1 for c in finalists.values()):
-        text += ("; the race chose between each entrant's finalists on the test split these numbers are on, "
-                 "which makes the survivors' numbers slightly optimistic")
+        if all(_dataset(r).get("evaluate_on") == "both" for r in repeat if r.get("candidate") is not None):
+            text += ("; the race chose between each entrant's finalists on the same validation split, which "
+                     "its runs did not train on (they trained on the rest of the training split)")
+        else:  # a race run by an earlier augtune: its runs were scored on the test split only
+            text += ("; the race chose between each entrant's finalists on the test split these numbers are "
+                     "on, which makes the survivors' numbers slightly optimistic")
     if any(_dataset(r).get("resplit") for r in repeat):
         text += ("; each seed drew its own train/test split (compare.vary: [init, split]), and the "
                  "references were measured on each seed's split and paired with it")

@@ -65,6 +65,10 @@ class DataSplit:
     # (U, *shape) images without labels, for pre-training only (STL-10's unlabelled split); None: none.
     # Held right after x_train in one block where possible, so that `pretrain` is a view, not a copy
     x_unlabeled: Any = None
+    # `dataset.evaluate_on: both`: the validation part carved from the training split, scored beside the
+    # test split (a race's repeat runs choose on it, report on the test split); None otherwise
+    x_val: Any = None
+    y_val: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # cheap consistency checks only (no pass over the data): they catch a loader's mistakes
@@ -72,9 +76,9 @@ class DataSplit:
             raise ValueError(f"{self.name}: modality must be 'image' or 'vector', got {self.modality!r}")
         if len(self.shape) != (3 if self.modality == "image" else 1):
             raise ValueError(f"{self.name}: {self.modality} shape {self.shape} should be (C, H, W) or (D,)")
-        for part in ("train", "test", "unlabeled"):
+        for part in ("train", "test", "unlabeled", "val"):
             x, y = getattr(self, f"x_{part}"), getattr(self, f"y_{part}", None)
-            if x is None and part == "unlabeled":
+            if x is None and part in ("unlabeled", "val"):
                 continue
             ok = (
                 x.dtype == torch.uint8
@@ -164,6 +168,8 @@ def _prepare(cfg: DatasetConfig) -> DataSplit:
     split = _subsample(split, cfg.max_train, cfg.max_test, cfg.split_seed)
     if cfg.evaluate_on == "val":  # from here on the test split is gone: nothing below can read it
         split = _validation(split, cfg.val_fraction, cfg.split_seed)
+    elif cfg.evaluate_on == "both":  # the same validation part, held beside the test split
+        split = _validation(split, cfg.val_fraction, cfg.split_seed, keep_test=True)
     split = _contiguous_labels(split)
     if split.modality == "image" and cfg.as_vectors:
         if is_streamed(split.x_train):
@@ -208,7 +214,8 @@ def _map_x(split: DataSplit, fn: Callable[[Any], Any], **changes: Any) -> DataSp
     n = len(split.x_train)
     unlabeled = x[n:] if split.x_unlabeled is not None else None
     return dataclasses.replace(split, x_train=x[:n] if unlabeled is not None else x, x_unlabeled=unlabeled,
-                               x_test=fn(split.x_test), **changes)
+                               x_test=fn(split.x_test),
+                               x_val=None if split.x_val is None else fn(split.x_val), **changes)
 
 
 def _contiguous_labels(split: DataSplit) -> DataSplit:
@@ -217,14 +224,15 @@ def _contiguous_labels(split: DataSplit) -> DataSplit:
     Labels already inside the range are kept even when a class is absent, so that a small subset
     of CIFAR-10 keeps CIFAR-10's label numbering.
     """
-    y = torch.cat([split.y_train, split.y_test])
+    y = torch.cat([split.y_train, split.y_test, *([] if split.y_val is None else [split.y_val])])
     if y.numel() == 0 or (y.min() >= 0 and y.max() < split.num_classes):
         return split
     values = torch.unique(y)  # sorted
     names = split.classes if len(split.classes) == len(values) else tuple(str(v) for v in values.tolist())
     return dataclasses.replace(split, num_classes=len(values), classes=names,
                                y_train=torch.searchsorted(values, split.y_train),
-                               y_test=torch.searchsorted(values, split.y_test))
+                               y_test=torch.searchsorted(values, split.y_test),
+                               y_val=None if split.y_val is None else torch.searchsorted(values, split.y_val))
 
 
 def subsample_index(y: np.ndarray, n: int | None, seed: int, what: str) -> torch.Tensor | None:
@@ -256,12 +264,15 @@ def _resplit(split: DataSplit, seed: int) -> DataSplit:
     return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_test=x[te], y_test=y[te])
 
 
-def _validation(split: DataSplit, fraction: float, seed: int) -> DataSplit:
+def _validation(split: DataSplit, fraction: float, seed: int, keep_test: bool = False) -> DataSplit:
     """The training split's rest as the training data, its validation part (stratified, seeded) as the
-    held-out data: what a search's trial trains and is scored on. The test split is dropped."""
+    held-out data: what a search's trial trains and is scored on; the test split is dropped. `keep_test`
+    (`evaluate_on: both`): the same parts, the validation part as x_val beside the test split."""
     tr, va = stratified_indices(split.y_train.numpy(), seed=seed, what="dataset.val_fraction",
                                 test_size=fraction)
     x, y = split.x_train, split.y_train
+    if keep_test:
+        return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_val=x[va], y_val=y[va])
     return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_test=x[va], y_test=y[va])
 
 
@@ -381,6 +392,8 @@ def _to_arrays(split: DataSplit) -> tuple[dict[str, np.ndarray], dict]:
     x, _ = split.pretrain()
     arrays = {"x_train": x.numpy(), "y_train": split.y_train.numpy(), "x_test": split.x_test.numpy(),
               "y_test": split.y_test.numpy()}
+    if split.x_val is not None:
+        arrays.update(x_val=split.x_val.numpy(), y_val=split.y_val.numpy())
     meta = {"name": split.name, "modality": split.modality, "shape": list(split.shape),
             "num_classes": split.num_classes, "mean": split.mean, "std": split.std,
             "classes": list(split.classes), "labeled": len(split.x_train)}
@@ -394,7 +407,7 @@ def _from_arrays(arrays: dict[str, np.ndarray], meta: dict) -> DataSplit:
     tup = (lambda v: None if v is None else tuple(v))
     return DataSplit(meta["name"], meta["modality"], tuple(meta["shape"]), meta["num_classes"], x_train,
                      t["y_train"], t["x_test"], t["y_test"], tup(meta["mean"]), tup(meta["std"]),
-                     tuple(meta["classes"]), unlabeled)
+                     tuple(meta["classes"]), unlabeled, t.get("x_val"), t.get("y_val"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -442,7 +442,7 @@ class RaceOfFinalists:
         from augtune.analysis.verdict import flagged_candidates
 
         settings = race_settings(self.compare, self.train_seed, self.metric)
-        records = [race_record(e, self.metric) for e in repeats]
+        records = [race_record(e, settings.metric) for e in repeats]  # on the validation split
         out = {**failed_candidates(records), **flagged_candidates(records)}
         return replay(settings, records, out, self.candidates())
 

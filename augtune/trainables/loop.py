@@ -25,6 +25,7 @@ from augtune.methods import Batch, OptimizerSpec, StepInfo, build_method
 from augtune.methods.base import Update
 from augtune.methods.losses import allreduce_gradients
 from augtune.phases import parse_phases, phase_names
+from augtune.records import VAL_PREFIX
 
 
 class NonFiniteLoss(RuntimeError):
@@ -363,16 +364,18 @@ class Trainer:
         self, metrics: tuple[str, ...], fn=None, monitor: bool = False, seed: Optional[int] = None
     ) -> dict:
         """Metrics of the features `fn` (default: the method's backbone) on train/test; `monitor`: on
-        the per-epoch subsample of each split."""
+        the per-epoch subsample of each split. With a validation split beside the test split
+        (`dataset.evaluate_on: both`), a full evaluation also scores that one, as `val_<metric>`
+        (the same training features, the same seed)."""
         if not metrics:
             return {}
         d = self.data
-        (x_tr, y_tr), (x_te, y_te) = (d.x_train, d.y_train), (d.x_test, d.y_test)
-        i_tr = i_te = None  # rows evaluated (None: all)
-        if monitor:
-            i_tr, i_te = self._monitor_index(len(x_tr), "train"), self._monitor_index(len(x_te), "test")
-            y_tr = y_tr if i_tr is None else y_tr[i_tr]
-            y_te = y_te if i_te is None else y_te[i_te]
+        x_tr, y_tr = d.x_train, d.y_train
+        held = [("", d.x_test, d.y_test)]
+        if d.x_val is not None and not monitor:
+            held.append((VAL_PREFIX, d.x_val, d.y_val))
+        i_tr = self._monitor_index(len(x_tr), "train") if monitor else None  # rows evaluated (None: all)
+        y_tr = y_tr if i_tr is None else y_tr[i_tr]
         was_training = self.method.training
         self.method.eval()
         try:
@@ -380,11 +383,19 @@ class Trainer:
                 fn = fn or self.method.features
                 bs, workers = self._eval_batch(), self.cfg.dataset.workers
                 train_f = extract_features(fn, x_tr, bs, self.device, index=i_tr, workers=workers)
-                test_f = extract_features(fn, x_te, bs, self.device, index=i_te, workers=workers)
+                parts = []
+                for prefix, x, y in held:
+                    i = self._monitor_index(len(x), "test") if monitor else None
+                    f = extract_features(fn, x, bs, self.device, index=i, workers=workers)
+                    parts.append((prefix, f, y if i is None else y[i]))
         finally:
             self.method.train(was_training)
-        return evaluate(train_f, y_tr, test_f, y_te, d.num_classes, self.cfg.eval, metrics,
-                        seed=self.cfg.train.seed if seed is None else seed)
+        out = {}
+        for prefix, f, y in parts:
+            scores = evaluate(train_f, y_tr, f, y, d.num_classes, self.cfg.eval, metrics,
+                              seed=self.cfg.train.seed if seed is None else seed)
+            out.update({prefix + k: v for k, v in scores.items()})
+        return out
 
     def evaluate_references(self) -> dict[str, dict]:
         """`raw`: the input itself as the feature; `random-init`: the untrained backbone (call first).

@@ -247,7 +247,7 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     # a race's repeat run: its candidate and round, kept in its record (the race is rebuilt from these)
     race = {name: params[key] for name, key in (("candidate", CANDIDATE), ("round", ROUND)) if key in params}
     params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
-    cfg = trial_config(repeat_params(params, base) if repeat else params, base)
+    cfg = trial_config(repeat_params(params, base, racing=bool(race)) if repeat else params, base)
     about = {"params": dict(params), "phase": "repeat" if repeat else "search", "entrant": method_label(cfg),
              "process": os.getpid(), **race}
     records = (repeats or experiment) if repeat else experiment
@@ -261,12 +261,14 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     return _train_driver(cfg, folder, about)  # Train keeps its checkpoints in the trial's folder
 
 
-def repeat_params(params: dict, base: dict) -> dict:
+def repeat_params(params: dict, base: dict, racing: bool = False) -> dict:
     """What a repeat run trains with besides its parameters: it is scored on the test split (the search
     trials it repeats were scored on the validation split: `search.plan.selecting`) and, with a compare's
-    `vary: [init, split]`, on the train/test split its own seed draws. Its record keeps `params` alone,
+    `vary: [init, split]`, on the train/test split its own seed draws. A race's run (`racing`) is also
+    scored on the validation split, which it then does not train on: the race chooses on that
+    (`analysis.race.race_settings`), the verdict reports the test split. Its record keeps `params` alone,
     which name its configuration."""
-    out = {**params, "dataset.evaluate_on": "test"}
+    out = {**params, "dataset.evaluate_on": "both" if racing else "test"}
     if "split" in ((base.get("compare") or {}).get("vary") or ()):
         out.update({"dataset.resplit": True, "dataset.split_seed": params["train.seed"]})
     return out
