@@ -413,6 +413,84 @@ def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_p
     assert v.race is not None and v.race.stopped == race["stopped"] and not v.unfinished
 
 
+RACE_COMPARE = {
+    "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+    "model": {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16, "proj_hidden_dim": 16,
+              "proj_dim": 8},
+    "train": {"epochs": 30, "batch_size": 64, "num_threads": 1, "checkpoint_every": 1},
+    "eval": {"metrics": ["knn"]},
+    "compare": {"methods": ["base", "random_noise"], "trials": 1, "metrics": ["knn_acc"],
+                "race": {"enabled": True, "min_seeds": 2, "max_seeds": 4, "finalists": 1}},
+}
+
+
+def _records(folder: Path) -> list[dict]:
+    out = []
+    for path in folder.glob("*/record.json") if folder.exists() else ():
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # being replaced right now: the next look has it
+            pass
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["a round-1 run part-way", "round 2 given out"])
+def test_a_real_race_killed_by_sigkill_resumes_with_nothing_run_twice(tmp_path, moment):
+    """The driver of a racing compare SIGKILLed (its Ray with it) while a round-1 run trains, or once round
+    2's runs exist; `augtune resume` finishes the race: every (candidate, seed) the race ran has one
+    completed run, no record is left running, a run Tune never saved says so, and the verdict is whole."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(RACE_COMPARE))
+    exp = tmp_path / "res" / "cmp"
+    env = {**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "TUNE_GLOBAL_CHECKPOINT_S": "1"}
+    log = tmp_path / "driver.log"
+    with log.open("wb") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
+                                   str(tmp_path / "res"), "--name", "cmp"], cwd=ROOT, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            runs = _records(exp / "repeat")
+            if moment.startswith("a round-1") and any(2 <= len(r["epochs"]) < 25 for r in runs):
+                break
+            if moment.startswith("round 2") and any(r.get("round") == 2 for r in runs):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"never saw the moment (exit {driver.poll()}): {log.read_text()[-3000:]}")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # its local Ray, and nothing else
+    res = subprocess.run([sys.executable, "-m", "augtune.cli", "resume", str(exp)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    repeats = _records(exp / "repeat")
+    assert [r["status"] for r in repeats if r["status"] not in ("completed", "failed")] == []
+    assert all("driver was killed" in r["error"] for r in repeats if r["status"] == "failed")
+    done = [(r["candidate"], r["seed"]) for r in repeats if r["status"] == "completed"]
+    assert len(done) == len(set(done)), sorted(done)  # nothing run twice
+    race = json.loads((exp / "race.json").read_text())
+    assert race["stopped"] in ("separated", "max_seeds", "equivalent")
+    for cid, results in race["results"].items():  # the race's results are its completed runs, all of them
+        assert sorted(int(k) for k in results) == sorted(s for c, s in done if c == cid), cid
+    import augtune
+
+    v = augtune.load(exp).verdict()
+    assert v.race is not None and not v.unfinished
+
+
 def test_a_snapshot_from_before_the_race_restores_as_the_fixed_repeat_it_was(tmp_path):
     """augtune 0.4's snapshot has no rounds (`wanted`, `chosen_all`, `repeat_configs`): its runs, once
     chosen, are all it makes."""
