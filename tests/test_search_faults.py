@@ -256,6 +256,63 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
         cluster.shutdown()
 
 
+def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search(tmp_path):
+    """Two entrants' search trials on two nodes; the worker node removed while both train, a replacement
+    added (as an autoscaler would): the lost trial is retried from its checkpoint on another node, the
+    compare finishes with every search trial and repeat run complete, and its verdict is whole."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=1)
+    try:
+        cluster.wait_for_nodes()
+        epochs = 150  # as above: both trials still mid-way when the node goes
+        cfg = json.loads(json.dumps(TINY))
+        cfg["dataset"]["max_train"] = None
+        cfg["model"]["width"] = 8
+        cfg["train"] = {"epochs": epochs, "batch_size": 64, "checkpoint_every": 1}
+        cfg["search"] = {"max_failures": 3, "scheduler": "none"}
+        cfg["compare"] = {"methods": ["base"], "bases": ["simclr", "byol"], "trials": 1, "seeds": 1,
+                          "metrics": ["knn_acc"]}
+        config = tmp_path / "compare.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        exp = tmp_path / "c" / "cmp"
+        driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
+                                   str(tmp_path / "c"), "--name", "cmp", "--address", cluster.address],
+                                  cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def search_trials() -> list[Path]:
+            return [d for d in exp.glob("*/tune_*trial_*")  # each entrant's folder: its search trials' records
+                    if d.is_dir() and d.parent.name not in ("search", "repeat")] if exp.exists() else []
+
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            dirs = search_trials()
+            if len(dirs) == 2 and all(2 <= record_epochs(d) < epochs - 30 for d in dirs):
+                break
+            if driver.poll() is not None:
+                pytest.fail(f"compare ended early:\n{driver.stdout.read()[-3000:]}")
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"search trials did not start on both nodes: {search_trials()}")
+        cluster.remove_node(worker)  # mid-trial: one entrant's trial loses its node
+        cluster.add_node(num_cpus=1)
+        out, _ = driver.communicate(timeout=900)
+        assert driver.returncode == 0, out[-3000:]
+        records = [json.loads((d / "record.json").read_text()) for d in search_trials()]
+        assert len(records) == 2 and all(r["status"] == "completed" for r in records)
+        assert all([e["epoch"] for e in r["epochs"]] == list(range(1, epochs + 1)) for r in records)
+        assert len({r["nodes"][0] for r in records}) == 2  # the two entrants' trials started apart
+        assert any(len(r["nodes"]) > 1 for r in records)  # the lost one was retried on another node
+        repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]
+        assert sorted(r["entrant"] for r in repeats if r["status"] == "completed") == ["byol", "simclr"]
+        import augtune
+
+        assert not augtune.load(exp).verdict().unfinished
+    finally:
+        cluster.shutdown()
+
+
 @pytest.mark.parametrize("moment", ["first repeat run starts", "a repeat run is part-way"])
 def test_a_driver_killed_in_the_repeat_phase_resumes_with_no_orphan(tmp_path, moment):
     """SIGKILL while the best is repeated: after `augtune resume` every seed has one completed repeat
