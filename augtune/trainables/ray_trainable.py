@@ -106,6 +106,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
     record.data.update(about or {})  # what the search knows of this trial: its parameters, its phase
     remote = folder is not None and folder.uri is not None  # a trial in cloud storage: waits out outages
     ckpt = get_checkpoint()
+    copied = False  # a PBT exploit: another trial's checkpoint, continued here
     if ckpt is not None:
         with _checkpoint_folder(ckpt, remote) as d:
             trainer.load_checkpoint(Path(d) / CHECKPOINT_FILE)
@@ -114,10 +115,10 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
                 saved = RunRecord.read(Path(d))
                 donor, me = saved.data.get("trial"), (about or {}).get("trial")
                 if donor and me and donor != me:  # PBT's exploit: another trial's run, continued here
-                    record = exploited(saved, record, trainer.epoch, folder)
+                    record, copied = exploited(saved, record, trainer.epoch, folder), True
                 else:
                     record = saved
-    done = finished_in_folder(folder, cfg) if trainer.epoch < cfg.train.epochs else None
+    done = finished_in_folder(folder, cfg) if trainer.epoch < cfg.train.epochs and not copied else None
     if done is not None:
         # The trial ended and its folder says so, but Tune's saved state is from before that (its driver
         # died, or the store was away, between the two): Tune gets the run's last result again, and
