@@ -8,7 +8,9 @@ it starts from nothing, as CI does.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import shutil
 import tempfile
 
@@ -42,6 +44,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def sigkill_driver(driver) -> None:
+    """SIGKILL a driver process (a crash, the OOM killer), then its process group: its local Ray, and
+    nothing else (a driver that is no group leader has none of its own)."""
+    if driver.poll() is None:
+        driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(driver.pid, signal.SIGKILL)
 
 
 def save_tune_trials(folder, trials: list, stamp: str = "2026-01-01_00-00-00") -> None:

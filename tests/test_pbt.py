@@ -437,3 +437,35 @@ def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path
         assert all("knobs" in e for e in r["epochs"])
         if len(before.get(name, {}).get("epochs", [])) >= 3:  # epoch 2 checkpointed: restored, not redone
             assert len(r["nodes"]) >= 2, name
+
+
+def test_a_restored_trial_keeps_its_pbt_clock_and_score(tmp_path):
+    """Tune saves no scheduler: restored, every trial's PBT state started at 0, so a trial restored at
+    epoch 5 of interval 4 perturbed at epoch 6. augtune's scheduler gives it back the state it had: its
+    last perturbation at 4, its score, result and checkpoint; the next perturbation comes at 8."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
+
+    from augtune.search.multiplex import EntrantsScheduler
+
+    class Controller:
+        search_alg = None
+
+        def get_trials(self):
+            return []
+
+    pbt = PopulationBasedTraining(time_attr="epoch", perturbation_interval=4, require_attrs=False,
+                                  hyperparam_mutations={"train.lr": [0.1, 0.2]})
+    sched = EntrantsScheduler({None: pbt})
+    assert sched.set_search_properties("knn_acc", "min")
+    restored, fresh = (Trial("fn", config={"train.lr": 0.1}, stub=True)
+                       for _ in range(2))
+    restored.run_metadata.last_result = {"epoch": 5, "knn_acc": 0.8}
+    for t in (restored, fresh):
+        sched.on_trial_add(Controller(), t)
+    state = pbt._trial_state[restored]
+    assert state.last_perturbation_time == 4 and state.last_score == -0.8  # min: PBT keeps -metric
+    assert {k: state.last_result[k] for k in ("epoch", "knn_acc")} == {"epoch": 5, "knn_acc": 0.8}
+    assert pbt._trial_state[fresh].last_perturbation_time == 0 and pbt._trial_state[fresh].last_score is None
+    assert sched.on_trial_result(Controller(), restored, {"epoch": 6, "knn_acc": 0.7}) == TrialScheduler.CONTINUE
+    assert state.last_perturbation_time == 4  # not perturbed at 6: the clock kept its place

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_CNN
+from conftest import TINY_CNN, sigkill_driver
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -279,11 +279,14 @@ def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search
         exp = tmp_path / "c" / "cmp"
         driver = subprocess.Popen([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
                                    str(tmp_path / "c"), "--name", "cmp", "--address", cluster.address],
-                                  cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
 
-        def search_trials() -> list[Path]:
-            return [d for d in exp.glob("*/tune_*trial_*")  # each entrant's folder: its search trials' records
-                    if d.is_dir() and d.parent.name not in ("search", "repeat")] if exp.exists() else []
+        def search_trials() -> list[Path]:  # each entrant's folder holds its search trials' records
+            if not exp.exists():
+                return []
+            return [d for d in exp.glob("*/tune_*trial_*")
+                    if d.is_dir() and d.parent.name not in ("search", "repeat")]
 
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -339,13 +342,8 @@ def test_a_driver_killed_in_the_repeat_phase_resumes_with_no_orphan(tmp_path, mo
             time.sleep(0.1)
         else:
             pytest.fail(f"never saw the moment ({driver.poll()}): {log.read_text()[-3000:]}")
-        driver.send_signal(signal.SIGKILL)
-        driver.wait()
     finally:
-        if driver.poll() is None:
-            driver.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(driver.pid, signal.SIGKILL)
+        sigkill_driver(driver)
 
     res = augtune("resume", str(exp))
     assert res.returncode == 0, res.stderr[-3000:]

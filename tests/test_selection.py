@@ -59,7 +59,8 @@ def test_both_holds_the_validation_split_beside_the_test_split(tmp_path, seed):
     split of `test`, untouched."""
     x, y, xt, yt = _npz(tmp_path, seed)
     np.savez(tmp_path / "d.npz", x=x, y=y, x_test=xt, y_test=yt)
-    kw = dict(name="arrays", path=str(tmp_path / "d.npz"), standardize=False, split_seed=seed, val_fraction=0.25)
+    kw = dict(name="arrays", path=str(tmp_path / "d.npz"), standardize=False, split_seed=seed,
+              val_fraction=0.25)
     full, val, both = (load_dataset(DatasetConfig(**kw, evaluate_on=on)) for on in ("test", "val", "both"))
     assert torch.equal(both.x_train, val.x_train) and torch.equal(both.y_train, val.y_train)
     assert torch.equal(both.x_val, val.x_test) and torch.equal(both.y_val, val.y_test)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from ray import cloudpickle
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining, TrialScheduler
 from ray.tune.search import SearchAlgorithm
 
 from augtune.records import ENTRANT, REPEAT
@@ -186,7 +186,12 @@ class EntrantsScheduler(FIFOScheduler):
         return self._schedulers.get(entrant_of(trial)) or self._fifo
 
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._of(trial).on_trial_add(tune_controller, trial)
+        scheduler = self._of(trial)
+        scheduler.on_trial_add(tune_controller, trial)
+        if isinstance(scheduler, PopulationBasedTraining):  # PB2 too: a restored trial's clock and score
+            from augtune.search.tune_internals import resume_pbt_clock
+
+            resume_pbt_clock(scheduler, trial)
 
     def on_trial_error(self, tune_controller, trial) -> None:
         self._of(trial).on_trial_error(tune_controller, trial)

@@ -28,6 +28,13 @@ and why augtune needs it anyway:
   older or newer than the trials, which restored as it is runs a finished trial twice or never runs
   one. No public hook lets a search algorithm agree with the trials Tune restored; these three do.
 
+- `resume_pbt_clock` writes `PopulationBasedTraining._trial_state[trial]` (`last_perturbation_time`,
+  `last_score`, `last_result`, `last_checkpoint`) and reads its `_time_attr`, `_perturbation_interval`,
+  `_metric`, `_metric_op`. Tune does not save a scheduler with its experiment: a restored PBT search
+  starts every trial's PBT state afresh, so each trial perturbed at its first result (its clock at 0)
+  and the population's scores were forgotten. No public hook sets that state; this gives a restored
+  trial the state it had, from its last result and checkpoint (Tune restores both).
+
 The versions these were written against are `SUPPORTED` (the same ranges as pyproject.toml's
 dependencies; a test checks they agree): importing this module outside them fails with one line.
 """
@@ -340,3 +347,22 @@ def _same(a: dict, b: dict) -> bool:
 
 def _as_config(params: dict) -> dict:
     return {f"{CONFIG_PREFIX}{k}": v for k, v in params.items()}
+
+
+# -- PBT's per-trial state, after a restore -------------------------------------------------------------
+
+def resume_pbt_clock(pbt, trial) -> None:
+    """Give a trial Tune restored (its `last_result` and `checkpoint` are back) the PBT state it had: its
+    last perturbation at the last multiple of the interval its last result reached (perturbations come
+    at every multiple: each trial reports every epoch), its score, result and checkpoint that result's
+    (a donor PBT may copy). A trial with no result yet keeps the fresh state PBT gave it."""
+    last = trial.last_result or {}
+    when = last.get(pbt._time_attr)
+    if when is None:
+        return
+    state = pbt._trial_state[trial]
+    state.last_perturbation_time = int(when) // pbt._perturbation_interval * pbt._perturbation_interval
+    if pbt._metric in last:
+        state.last_score = pbt._metric_op * last[pbt._metric]
+        state.last_result = dict(last)
+        state.last_checkpoint = trial.checkpoint
