@@ -9,6 +9,7 @@ need a parser of their own (phase schedules) are checked one floor up, by :mod:`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import reprlib
 import types
@@ -572,12 +573,19 @@ def _check_range(key: str, value: Any, meta: dict) -> None:
         raise ConfigError(f"{key}: expected a number {bound} {hi}, got {short(value)}")
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """A config dataclass's field types, resolved once (`typing.get_type_hints` compiles every
+    annotation string again on each call: 8 ms of every `from_dict`)."""
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {short(data)}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for k in data:
         if k not in known:
@@ -659,7 +667,7 @@ def key_field(key: str) -> tuple[Any, dict]:
         fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         if part not in fields:
             raise KeyError(key)
-        tp = typing.get_type_hints(cls)[part]
+        tp = _hints(cls)[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
                 raise KeyError(key)  # a section, not a key
@@ -1013,7 +1021,7 @@ def format_value(value: Any, digits: int | None = 4) -> str:
 def dotted_keys(cls: type = Config, prefix: str = "") -> set[str]:
     """Every settable dotted key (`train.lr`, `search.repeat_best.top`, ...)."""
     keys: set[str] = set()
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
