@@ -467,5 +467,6 @@ def test_a_restored_trial_keeps_its_pbt_clock_and_score(tmp_path):
     assert state.last_perturbation_time == 4 and state.last_score == -0.8  # min: PBT keeps -metric
     assert {k: state.last_result[k] for k in ("epoch", "knn_acc")} == {"epoch": 5, "knn_acc": 0.8}
     assert pbt._trial_state[fresh].last_perturbation_time == 0 and pbt._trial_state[fresh].last_score is None
-    assert sched.on_trial_result(Controller(), restored, {"epoch": 6, "knn_acc": 0.7}) == TrialScheduler.CONTINUE
+    decision = sched.on_trial_result(Controller(), restored, {"epoch": 6, "knn_acc": 0.7})
+    assert decision == TrialScheduler.CONTINUE
     assert state.last_perturbation_time == 4  # not perturbed at 6: the clock kept its place
