@@ -64,7 +64,8 @@ class DatasetConfig:
     # a validation split carved from the training split (stratified, by split_seed): a search's trials
     # train on the rest and are scored on it, so choosing a configuration never reads the test split;
     # its repeat runs and `augtune train` train on the whole training split and are scored on the test
-    # split. 0: none (a search then selects on the test split, and its tables say so)
+    # split (a race's repeat runs: on the rest, scored on both). 0: none (a search then selects on the
+    # test split, and its tables say so)
     val_fraction: float = _f(0.2, min=0, max=1, max_open=True)
     # the held-out split this run is scored on: test, or val (the split above; the test split is then not
     # read at all), or both (trained without the validation split, scored on the test split, and on the

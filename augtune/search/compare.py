@@ -210,7 +210,7 @@ def describe_compare(plan: ComparePlan) -> list[str]:
     if race.enabled:
         then = (f"then a race of each entrant's best {race.finalists} configuration(s) on seeds {seeds[0]}.."
                 f"{seeds[race.min_seeds - 1]}, one more seed a round to those not shown worse, up to seed "
-                f"{seeds[-1]}")
+                f"{seeds[-1]} (decided on the validation split, reported on the test split)")
         each = race.finalists * len(seeds)
     else:
         then, each = f"then each entrant's best on seeds {seeds}", len(seeds)
