@@ -254,8 +254,9 @@ def test_patiently_does_not_retry_what_is_not_the_store_being_away():
 
 
 def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path, monkeypatch, capsys):
-    """moto's server stopped, an upload of a trial's folder started, the server back on the same port 10 s
-    later: the upload lands, after saying that it waits."""
+    """moto's server stopped, an upload of a trial's folder started, the server back on the same port 20 s
+    later (pyarrow's own retries give up on a refused connection after about 6 s): the upload lands,
+    after saying that it waits."""
     import threading
 
     from moto.server import ThreadedMotoServer
@@ -276,7 +277,7 @@ def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path,
     monkeypatch.setattr(ray_trainable, "STORE_PATIENCE_S", 60.0)
     server.stop()
     again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # moto's buckets live in
-    back = threading.Timer(10.0, again.start)  # this process: the same ones come back
+    back = threading.Timer(20.0, again.start)  # this process: the same ones come back
     try:
         back.start()
         folder.publish()
