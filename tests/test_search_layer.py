@@ -129,6 +129,7 @@ def test_every_registered_space_on_every_modality_it_claims_samples_valid_config
     on vectors among them)."""
     from augtune.checks import check_config
     from augtune.methods import AUGMENTATIONS, check_modality, modalities
+    from augtune.search.plan import check_trials
     from augtune.search.searchers import sample_values
     from augtune.spaces import SPACES, resolve_space
 
@@ -140,6 +141,41 @@ def test_every_registered_space_on_every_modality_it_claims_samples_valid_config
             for seed in range(64):
                 cfg = check_config(from_dict(set_values(base, sample_values(s, seed))))
                 check_modality(cfg, modality)
+            check_trials(base, s, modality=modality)  # every domain's edges too
+
+
+@pytest.mark.parametrize("domain, says", [
+    ("uniform(0.0, 1.0000001)", "view.flip_p = 1.00000009"),  # a sliver past the bound no sample hits
+    ("uniform(-0.0000001, 1.0)", "view.flip_p = -1e-07, its domain's lowest value"),
+    ("choice([" + ", ".join(f"{i / 100:g}" for i in range(40)) + ", 1.5])", "view.flip_p"),  # 1 bad of 41
+    ("grid([0.5, 2])", "view.flip_p"),
+])
+def test_a_domain_reaching_past_a_keys_bounds_is_refused_at_planning_naming_the_key(domain, says):
+    """Every key's domain edges are checked with the samples (issue 26.5): a range that allows an invalid
+    value is refused in one line, naming the key and the value, wherever the samples land."""
+    from augtune.search.plan import check_trials
+    from augtune.spaces import resolve_space
+
+    base = to_dict(load_config(None, []))
+    base["search"]["space"] = {"view.flip_p": domain}
+    space = resolve_space(from_dict(base).search, "image")
+    with pytest.raises(ConfigError) as e:
+        check_trials(base, space)
+    assert says in str(e.value) and "expected a number" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("domain", ["uniform(0.0, 1.0)", "quniform(0.0, 1.0, 0.1)", "choice([0, 1])"])
+def test_a_domain_within_a_keys_bounds_passes_at_its_edges(domain):
+    """uniform draws below its upper bound (the float just below it is checked); quniform reaches it."""
+    from augtune.search.plan import check_trials
+    from augtune.search.searchers import edges
+    from augtune.spaces import resolve_space
+
+    base = to_dict(load_config(None, []))
+    base["search"]["space"] = {"view.flip_p": domain}
+    space = resolve_space(from_dict(base).search, "image")
+    check_trials(base, space)
+    assert max(v for _, v, _ in edges(space)) <= 1
 
 
 def test_cocor_samples_only_the_vector_pool_on_vectors():

@@ -112,15 +112,19 @@ def selecting(cfg: Config) -> Config:
 
 def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = None,
                  modality: Optional[str] = None, n_train: Optional[int] = None) -> None:
-    """Every point to evaluate and SAMPLES_CHECKED seeded samples of the space give a valid config (names
-    included), for data of `modality` and `n_train` training samples when known: a value only a sample
-    can draw is found here, not inside a trial."""
+    """Every point to evaluate, SAMPLES_CHECKED seeded samples of the space and every key's domain edges
+    (`searchers.edges`, each in the first sample) give a valid config (names included), for data of
+    `modality` and `n_train` training samples when known: a value only a sample can draw is found here,
+    not inside a trial, and a domain reaching past a key's bounds is refused even where no sample lands."""
     from augtune.methods import check_modality
-    from augtune.search.searchers import sample_values
+    from augtune.search.searchers import edges, sample_values
 
+    first = sample_values(space, 0)
     candidates = [*(("point", i + 1, p) for i, p in enumerate(space.points_to_evaluate)),
-                  *(("sample", i + 1, sample_values(space, i)) for i in range(SAMPLES_CHECKED))]
+                  *(("sample", i + 1, sample_values(space, i)) for i in range(SAMPLES_CHECKED)),
+                  *((f"{key} = {v!r}, {which}", None, {**first, key: v}) for key, v, which in edges(space))]
     for what, i, values in candidates:
+        what = what if i is None else f"{what} {i}"
         try:
             cfg = check_config(from_dict(set_values(base, values)), figure_kinds)
             if modality is not None:
@@ -131,9 +135,9 @@ def check_trials(base: dict, space, figure_kinds: Optional[Collection[str]] = No
                 raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the training "
                                   f"set ({n_train} samples{held})")
         except ConfigError as e:
-            raise ConfigError(f"search.space ({what} {i}): {e}") from None
+            raise ConfigError(f"search.space ({what}): {e}") from None
         if cfg.search.metric not in reported_metrics(cfg):
-            raise ConfigError(f"search.metric: {what} {i} of the space reports no {cfg.search.metric!r}")
+            raise ConfigError(f"search.metric: {what} of the space reports no {cfg.search.metric!r}")
 
 
 def absolute_paths(cfg: Config) -> Config:

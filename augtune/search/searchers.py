@@ -20,11 +20,12 @@ the top level of the Tuner's param_space, so that points_to_evaluate line up wit
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
 from ray import tune
-from ray.tune.search.sample import Categorical
+from ray.tune.search.sample import Categorical, Integer
 
 from augtune.config import Config, ConfigError
 from augtune.search.tune_internals import MetricResultsOptunaSearch, ReplayingVariantGenerator
@@ -87,6 +88,34 @@ def to_optuna_search_kwargs(space: Space) -> dict:
         k: tune.choice(list(v["grid_search"])) if is_grid(v) else v for k, v in searched(space).items()
     }
     return {"space": OptunaSearch.convert_search_space(domains), "points_to_evaluate": points}
+
+
+def edges(space: Space) -> list[tuple[str, Any, str]]:
+    """(key, value, which) for every value at the edge of each searched key's domain: each choice of a
+    choice or grid; a number domain's lowest value and its highest (the upper bound itself where the
+    domain draws it: a quantized one's last step; else the float just below it, or the integer below it). A config
+    rule is a bound, so a domain whose edges pass holds no value the rule refuses; samples alone can
+    miss a sliver at the edge."""
+    if space.define_by_run is not None:
+        return []
+    out: list[tuple[str, Any, str]] = []
+    for key, value in space.params.items():
+        k = kind(key, value)
+        if k == "grid":
+            out += [(key, v, "a value of its grid") for v in value["grid_search"]]
+        elif isinstance(value, Categorical):
+            out += [(key, v, "a choice") for v in value.categories]
+        elif k == "domain":
+            q = getattr(value.get_sampler(), "q", None)
+            if q is not None:  # Tune rounds a draw to a multiple of q: the highest one within the bound
+                top = math.floor(value.upper / q + 1e-9) * q
+                top = int(top) if isinstance(value, Integer) else top
+            elif isinstance(value, Integer):
+                top = value.upper - 1
+            else:
+                top = math.nextafter(float(value.upper), float(value.lower))
+            out += [(key, value.lower, "its domain's lowest value"), (key, top, "its domain's highest value")]
+    return out
 
 
 def sample_values(space: Space, seed: int) -> dict:
