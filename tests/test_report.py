@@ -124,7 +124,8 @@ def test_the_report_of_a_race_shows_every_seed_and_the_rounds(tmp_path):
     assert "<h2>Every seed</h2>" in page and "<h2>The race</h2>" in page
     assert "round 1 (n = 3)" in page and "stopped: " in page
     assert "simclr+cocor reads labels while training" in page  # semi-supervised, said so
-    assert "was decided by a race" in page
+    assert "a race on the validation split (val_knn_acc, not a column)" in page
+    assert "The race (knn_acc on the validation split" in page
     md = result.verdict.render("md")
     assert "| *random-init* | 79." in md and "(10) |" in md  # the reference's ± and n
 

@@ -327,6 +327,28 @@ def test_a_race_winner_is_named_with_the_rounds_of_the_others():
     assert "was decided by a race" in v.caption()
 
 
+def test_a_race_on_the_validation_split_is_said_apart_and_the_test_columns_are_tested_once():
+    """The race decided on val_knn_acc (not a column): its rounds and eliminations get a sentence of their
+    own, and knn_acc, on the test split, is tested by one look over the shared seeds, never by the race."""
+    from augtune.analysis import race
+
+    state, recs = race_records({"a#1": 0.97, "b#1": 0.96, "c#1": 0.80}, 0.004, 0)
+    val = race.RaceSettings("val_knn_acc", state.settings.seeds, state.settings.min_seeds)
+    for r in recs:  # the values the race saw, on the validation split; the test split says the reverse
+        r["final"] = {"val_knn_acc": r["final"]["knn_acc"], "knn_acc": 1.7 - r["final"]["knn_acc"]}
+    raced = race.replay(val, recs)
+    assert raced.candidate("c#1").status == "eliminated"
+    v = verdict(recs, ("knn_acc",), race=raced)
+    said = v.sentences()
+    assert not v.decisions["knn_acc"].by_race  # one look on the test split
+    assert v.decisions["knn_acc"].leader == "c"  # the test split's own order, not the race's
+    apart = next(t for t in said if t.startswith("The race (knn_acc on the validation split"))
+    assert f"stopped after {len(raced.rounds)} rounds" in apart and "c#1 (round " in apart
+    assert "tested once, on the test split" in apart
+    assert "a race on the validation split (val_knn_acc, not a column)" in v.caption()
+    assert "in the other columns" not in v.caption()
+
+
 def test_a_race_of_equals_says_no_entrant_is_separated_and_what_it_could_not_detect():
     from augtune.analysis.stats import detectable_difference, pooled_sd
 

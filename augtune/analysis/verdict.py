@@ -47,6 +47,7 @@ from scipy import stats as sps
 from augtune.analysis import stats
 from augtune.analysis.race import RaceState, candidate_of
 from augtune.analysis.stats import holm  # the verdict's own since before stats.py
+from augtune.records import VAL_PREFIX
 
 # (diagnostic key in a record's final metrics, predicate on its value that means "did not train",
 # reason)
@@ -154,7 +155,23 @@ class Verdict:
 
     def sentences(self) -> list[str]:
         return [self._sentence(m) for m in self.metrics] + [
-            t for t in (self.budget, self.time_budget, self.splits) if t]
+            t for t in (self._race_apart(), self.budget, self.time_budget, self.splits) if t]
+
+    def _race_apart(self) -> str:
+        """What the race did, when it decided on a metric that is not a column (its metric on the
+        validation split): the columns are then each tested once, on the test split."""
+        race = self.race
+        if race is None or race.settings.metric in self.metrics:
+            return ""
+        s = race.settings
+        on = s.metric[len(VAL_PREFIX):] if s.metric.startswith(VAL_PREFIX) else s.metric
+        out = sorted((c for c in race.candidates if c.status == "eliminated" and c.out_round),
+                     key=lambda c: (c.out_round, c.id))
+        gone = (f"; {', '.join(f'{c.id} (round {c.out_round})' for c in out)} "
+                f"{'was' if len(out) == 1 else 'were'} eliminated" if out else "; nobody was eliminated")
+        return (f"The race ({on} on the validation split, {s.min_seeds} to {s.max_seeds} seeds, each "
+                f"round's tests at level {s.level:.3g}) stopped after {len(race.rounds)} rounds, "
+                f"{_stop_words(race)}{gone}; the columns are tested once, on the test split.")
 
     def _sentence(self, m: str) -> str:
         d = self.decisions.get(m, Decision(m))
@@ -264,7 +281,10 @@ class Verdict:
         parts = [("unfinished experiment: " if self.unfinished else "")
                  + "mean ± std over the repeat seeds (n), in %"]
         rows = "each row"
-        if self.race is not None:
+        if self.race is not None and self.race.settings.metric not in self.metrics:
+            parts.append(f"a race on the validation split ({self.race.settings.metric}, not a column) chose "
+                         "each entrant's configuration: a row shows the one that raced longest")
+        elif self.race is not None:
             s = self.race.settings
             parts.append(f"{s.metric} was decided by a race of {s.min_seeds} to {s.max_seeds} "
                          f"seeds, each round's tests at level {s.level:.3g}, which keeps a false "

@@ -92,10 +92,10 @@ def to_optuna_search_kwargs(space: Space) -> dict:
 
 def edges(space: Space) -> list[tuple[str, Any, str]]:
     """(key, value, which) for every value at the edge of each searched key's domain: each choice of a
-    choice or grid; a number domain's lowest value and its highest (the upper bound itself where the
-    domain draws it: a quantized one's last step; else the float just below it, or the integer below it). A config
-    rule is a bound, so a domain whose edges pass holds no value the rule refuses; samples alone can
-    miss a sliver at the edge."""
+    choice or grid; a number domain's lowest value and its highest drawable one (a quantized domain's
+    last step within its bound; else the float just below the bound, or the integer below it). A
+    config rule is a bound, so a domain whose edges pass holds no value the rule refuses; samples alone
+    can miss a sliver at the edge."""
     if space.define_by_run is not None:
         return []
     out: list[tuple[str, Any, str]] = []
