@@ -153,3 +153,50 @@ def test_a_full_disk_leaves_the_ledger_to_vouch_and_a_cut_json_to_recovery(tmp_p
     (exp / "searcher-state-2026-01-01_00-00-01.pkl").write_bytes(pickle.dumps({"x": 1})[:-3])
     with pytest.raises(trust.Untrusted, match="searcher-state"):
         trust.verify(str(exp))
+
+
+def test_a_pickle_cut_short_by_a_full_disk_is_taken_whole_from_the_staging_copy_before_the_check(
+        tmp_path, monkeypatch):
+    """A full disk cut Tune's copy of the searcher state into the experiment folder: those bytes were never
+    signed, but the staging copy on this machine is whole and signed. `resume` finishes the copy from it
+    (bytes only, `recovery.finish_interrupted_copy`) before checking signatures, then accepts the folder;
+    a staged pickle this user's augtune did not sign is still refused after the copy."""
+    from augtune.search import launch
+    from augtune.search.plan import load_plan
+    from augtune.search.recovery import finish_interrupted_copy
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    (exp / "tune_trial_a").mkdir()  # a trial folder both copies hold: the staging copy is this experiment's
+    staged = tmp_path / "raytmp" / "ray" / "session_1" / "artifacts" / "2026" / exp.name / "driver_artifacts"
+    (staged / "tune_trial_a").mkdir(parents=True)
+    state = "search-then-repeat-state-2026-01-01_00-00-00.pkl"
+    whole = pickle.dumps({"made": list(range(50))})
+    for name in ("experiment_state-2026-01-01_00-00-00.json", "tuner.pkl"):
+        (staged / name).write_bytes((exp / name).read_bytes())
+    (staged / state).write_bytes(whole)
+    trust.sign(str(staged))  # where Tune writes its state: the ledger vouches for these bytes
+    trust.sign(str(exp), only=["tuner.pkl", "experiment_state-2026-01-01_00-00-00.json"])
+    (exp / state).write_bytes(whole[:20])  # the copy the full disk cut short
+    with pytest.raises(trust.Untrusted, match="search-then-repeat-state"):
+        trust.verify(str(exp))
+
+    class Started(Exception):
+        pass
+
+    def connect(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(launch, "connect", connect)
+    monkeypatch.setattr(launch, "prepare_restore", lambda path: [])
+    with pytest.raises(Started):  # past the signature check: it would start Ray now
+        launch.run_search(load_plan(str(exp)), log=lambda line: None)
+    assert (exp / state).read_bytes() == whole
+    trust.verify(str(exp))
+
+    (staged / state).write_bytes(pickle.dumps({"made": "not signed"}))  # staged, but not by augtune
+    (exp / state).write_bytes(b"\x80")
+    finish_interrupted_copy(str(exp))
+    with pytest.raises(trust.Untrusted, match="search-then-repeat-state"):
+        trust.verify(str(exp))

@@ -34,7 +34,7 @@ from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, ch
                                        clear_lost_start, mark_finished, optuna_storage,
                                        save_plan)
 from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
-from augtune.search.recovery import prepare_restore, settle_lost_records
+from augtune.search.recovery import finish_interrupted_copy, prepare_restore, settle_lost_records
 from augtune.search.storage import exists, is_uri
 
 FINISHED = ("TERMINATED", "ERROR")
@@ -300,6 +300,9 @@ def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: boo
             from augtune.search.loggers import only_chosen_loggers
 
             check_trusted(run.experiment)
+            # a copy of Tune's state cut short (a full disk, a killed driver) is finished from the staging
+            # copy first: bytes only, nothing unpickled; the signatures are then checked on what is there
+            finish_interrupted_copy(run.path)
             if not trust:
                 verify(run.path, run.experiment)  # before anything of it is unpickled
             only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with

@@ -8,7 +8,9 @@ leaves storage torn: an empty `result.json` of a finished trial, a searcher stat
 newer than the experiment state, a state file cut short (Tune then silently started the whole search
 again). Restoring from storage as it is then loses or repeats work.
 
-`prepare_restore` runs before every `Tuner.restore` (`augtune resume`, a compare's restart):
+`prepare_restore` runs before every `Tuner.restore` (`augtune resume`, a compare's restart); its first
+step, `finish_interrupted_copy`, reads and writes bytes only, so `launch.drive` runs it before the
+signature check too (a copy a full disk cut short is unsigned; the staging copy was signed):
 
 1. **The dead driver's last copy is finished** when its staging folder is still on this machine: every
    file storage lacks or holds cut short is taken from the staging copy, and Tune's state files as one
