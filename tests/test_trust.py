@@ -31,6 +31,21 @@ class Pwn:
         return (exec, (f"open({self.target!r}, 'w').write('PWNED')",))
 
 
+class Started(Exception):
+    """A resume got past its checks: it would start Ray now."""
+
+
+def stop_before_ray(monkeypatch) -> None:
+    """`launch.run_search` raises Started where it would start Ray (its restore's mending skipped)."""
+    from augtune.search import launch
+
+    def connect(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(launch, "connect", connect)
+    monkeypatch.setattr(launch, "prepare_restore", lambda path: [])
+
+
 def _folder(tmp_path: Path, tuner: bytes) -> Path:
     """A folder laid out as a search's: its plan, Tune's saved state (mode 644, owned by the user)."""
     exp = tmp_path / "res" / "exp"
@@ -104,14 +119,7 @@ def test_trust_proceeds_and_signs_for_next_time(tmp_path, monkeypatch):
     exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
     plan = load_plan(str(exp))
 
-    class Started(Exception):
-        pass
-
-    def connect(*args, **kwargs):
-        raise Started
-
-    monkeypatch.setattr(launch, "connect", connect)
-    monkeypatch.setattr(launch, "prepare_restore", lambda path: [])
+    stop_before_ray(monkeypatch)
     with pytest.raises(trust.Untrusted):
         launch.run_search(plan, log=lambda line: None)
     with pytest.raises(Started):  # past the check: it would start Ray now
@@ -182,14 +190,7 @@ def test_a_pickle_cut_short_by_a_full_disk_is_taken_whole_from_the_staging_copy_
     with pytest.raises(trust.Untrusted, match="search-then-repeat-state"):
         trust.verify(str(exp))
 
-    class Started(Exception):
-        pass
-
-    def connect(*args, **kwargs):
-        raise Started
-
-    monkeypatch.setattr(launch, "connect", connect)
-    monkeypatch.setattr(launch, "prepare_restore", lambda path: [])
+    stop_before_ray(monkeypatch)
     with pytest.raises(Started):  # past the signature check: it would start Ray now
         launch.run_search(load_plan(str(exp)), log=lambda line: None)
     assert (exp / state).read_bytes() == whole
