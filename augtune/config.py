@@ -387,7 +387,11 @@ class CompareConfig:
     bases: Optional[tuple[str, ...]] = None  # None: (method.base,); [simclr, byol, moco, simsiam] for all
     trials: int = _f(4, min=1)  # per entrant: Optuna TPE over its own space, the papers' defaults first
     seeds: int = _f(3, min=1)  # the best configuration re-run on train.seed + 1 .. + seeds (shared by all)
-    scheduler: Literal["asha", "none"] = "asha"  # early stopping inside each entrant's search
+    # how each entrant's search runs: asha (TPE, weak trials stopped early), none (TPE to the end), pbt or
+    # pb2 (a population under `search.pbt`, each trial trained under a schedule of its per-epoch knobs; the
+    # repeat replays the best trial's schedule from scratch). Several: every method is entered once under
+    # each, a schedule against a constant (its label gets @pbt), and the verdict says which wins
+    scheduler: tuple[Literal["asha", "none", "pbt", "pb2"], ...] = ("asha",)
     alpha: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)  # significance level of the verdict
     metrics: tuple[str, ...] = ("knn_acc",)  # the verdict's columns; the first one is what is searched
     # what differs between the repeat runs' seeds: init (weights, views, batches) or [init, split] (each
@@ -948,6 +952,11 @@ def method_label(cfg: Config) -> str:
     return "+".join((cfg.method.base, *cfg.method.augment))
 
 
+def method_of(label: str) -> str:
+    """The method label of a compare entrant's label (`simclr+pinda@pbt`: the method searched by PBT)."""
+    return label.split("@", 1)[0]
+
+
 # Sections named after an augmentation method (marked `_METHOD` on `Config`): their keys matter only to
 # runs of that method (a plain SimCLR run's `pinda.mu` is a default it never reads).
 METHOD_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("method_section"))
@@ -980,7 +989,7 @@ def key_applies(key: str, method: str) -> bool:
     section = key.split(".")[0]
     if section not in METHOD_SECTIONS:
         return True
-    parts = method.split("+")
+    parts = method_of(method).split("+")
     return any(reader in parts for reader in _KEY_READERS.get(key, (section,)))
 
 

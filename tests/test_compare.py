@@ -46,6 +46,69 @@ def test_every_entrant_searches_its_own_space_under_the_same_budget():
     assert c.search.repeat_best.seeds == (11, 12)
 
 
+def test_a_method_is_entered_once_per_scheduler_a_schedule_against_a_constant(tmp_path):
+    cfg = load_config(None, ["compare.methods=[base, pinda]", "compare.scheduler=[asha, pbt]",
+                             "compare.trials=3"])
+    got = entrants(cfg, "vector")
+    assert [e.label for e in got] == ["simclr", "simclr@pbt", "simclr+pinda", "simclr+pinda@pbt"]
+    pbt = entrant_config(cfg, got[3])
+    # TPE would credit a PBT trial's last score to its first values: the population is drawn at random
+    assert (pbt.search.scheduler, pbt.search.algorithm, pbt.search.num_samples) == ("pbt", "random", 3)
+    assert (entrant_config(cfg, got[2]).search.scheduler, entrant_config(cfg, got[2]).search.algorithm) == (
+        "asha", "optuna")
+    assert load_config(None, ["compare.scheduler=none"]).compare.scheduler == ("none",)  # one, as before
+    # Tune keeps one number of checkpoints for the run: a PBT entrant's donors must outlive their copies
+    from augtune.search.compare import kept, plan_compare
+    from augtune.search.launch import PBT_CHECKPOINTS
+
+    vectors = load_config(None, ["compare.methods=[pinda]", "compare.scheduler=[asha, pbt]",
+                                 "dataset.as_vectors=true", "train.epochs=4"])
+    plan = plan_compare(vectors, "vector", storage=str(tmp_path), name="c")
+    assert plan.labels == ("simclr+pinda", "simclr+pinda@pbt")
+    assert kept(plan.plans[0].cfg, plan).search.keep_checkpoints == PBT_CHECKPOINTS
+    plain = plan_compare(load_config(None, ["compare.methods=[pinda]", "dataset.as_vectors=true"]), "vector",
+                         storage=str(tmp_path), name="d")
+    assert kept(plain.plans[0].cfg, plain).search.keep_checkpoints == 1
+    for bad, why in (("[asha, none]", "asha and none both search constants"),
+                     ("[pbt, pbt]", "lists one twice"),
+                     ("[]", "name at least one")):
+        with pytest.raises(ConfigError, match=re.escape(f"compare.scheduler: {why}")):
+            entrants(load_config(None, [f"compare.scheduler={bad}"]), "vector")
+
+
+def test_a_pbt_entrants_finalists_are_schedules_and_two_schedules_are_two_configurations(tmp_path):
+    """The repeat replays a PBT trial's schedule (donors' epochs included) from scratch; trials with the
+    same values at the end but different schedules are different candidates."""
+    from augtune.search.compare import top_of
+
+    def trial(name, lrs, knn, scheduler="pbt"):
+        (tmp_path / name).mkdir()
+        record = {"format": "augtune.record/1", "status": "completed",
+                  "params": {"train.lr": lrs[-1], "pinda.mu": "zero"},
+                  "config": {"search": {"scheduler": scheduler}},
+                  "epochs": [{"epoch": i, "knn_acc": knn, "knobs": {"train.lr": lr}}
+                             for i, lr in enumerate(lrs, 1)]}
+        (tmp_path / name / "record.json").write_text(json.dumps(record))
+
+    trial("a", [0.1, 0.1, 0.2, 0.2], 0.9)
+    trial("b", [0.2, 0.2, 0.2, 0.2], 0.8)
+    trial("c", [0.1, 0.1, 0.2, 0.2], 0.7)  # a's schedule again: one configuration
+    top = top_of(tmp_path, "knn_acc", "max", 3, "simclr+pinda@pbt")
+    assert top == [
+        {"train.lr": 0.2, "pinda.mu": "zero",
+         "schedule": [{"epoch": 1, "set": {"train.lr": 0.1}}, {"epoch": 3, "set": {"train.lr": 0.2}}]},
+        {"train.lr": 0.2, "pinda.mu": "zero", "schedule": [{"epoch": 1, "set": {"train.lr": 0.2}}]},
+    ]
+    trial("d", [0.3, 0.3], 0.95, scheduler="asha")  # a constant's trial: its parameters alone
+    assert top_of(tmp_path, "knn_acc", "max", 1, "simclr+pinda")[0] == {"train.lr": 0.3, "pinda.mu": "zero"}
+    # what a repeat run of it trains: the schedule from epoch 1, on its own seed
+    from augtune.config import from_dict, to_dict
+    from augtune.trainables.ray_trainable import trial_config
+
+    cfg = trial_config({**top[0], "train.seed": 7}, to_dict(from_dict({"train": {"epochs": 4}})))
+    assert [(s.epoch, dict(s.set)) for s in cfg.schedule] == [(1, {"train.lr": 0.1}), (3, {"train.lr": 0.2})]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_real_compare_gives_its_verdict_and_report(tmp_path):

@@ -27,10 +27,10 @@ def _searcher(seed: int) -> MetricResultsOptunaSearch:
                                      sampler=optuna.samplers.RandomSampler(seed=seed))
 
 
-def _search(budgets: dict[str, int], limit: int = 2) -> EntrantsSearch:
-    entrants = {name: (restorable(_searcher(i), limit), {"method.base": name}, n)
-                for i, (name, n) in enumerate(budgets.items())}
-    search = EntrantsSearch(entrants, limit)
+def _search(budgets: dict[str, int], limit: int = 2, populations: tuple = ()) -> EntrantsSearch:
+    entrants = {name: (restorable(_searcher(i), n if name in populations else limit), {"method.base": name},
+                       n) for i, (name, n) in enumerate(budgets.items())}
+    search = EntrantsSearch(entrants, limit, populations)
     search.set_search_properties("knn", "max", {})
     search.add_configurations([Experiment("exp", run=_trainable, config={}, storage_path=tempfile.mkdtemp(),
                                           resources_per_trial={"cpu": 1})])
@@ -61,6 +61,17 @@ def test_each_entrant_gets_its_budget_in_turn_under_one_limit():
         search.on_trial_complete(t.trial_id, _result(t, 0.5))
     counts = {name: sub._counter for name, sub in search._subs.items()}
     assert counts == {"simclr": 2, "byol": 3, "moco": 1}  # the budgets, none more
+
+
+def test_a_pbt_population_is_handed_out_whole_beside_the_others_limit():
+    """PBT compares only trials that have not finished: its population is live all at once (Tune's slots
+    hold how many run), while a TPE entrant still gets at most the limit at a time."""
+    search = _search({"tpe": 3, "pbt": 4}, limit=2, populations=("pbt",))
+    made = _drain(search)
+    assert sorted(t.config[ENTRANT] for t in made) == ["pbt"] * 4 + ["tpe"] * 2
+    ended = next(t for t in made if t.config[ENTRANT] == "tpe")
+    search.on_trial_complete(ended.trial_id, _result(ended, 0.5))
+    assert [t.config[ENTRANT] for t in _drain(search)] == ["tpe"]  # the third, once one of two ended
 
 
 def test_results_reach_only_their_entrants_study():
@@ -143,5 +154,5 @@ def test_trial_parameters_name_their_entrant_and_drop_it_before_training(monkeyp
     rt.tune_entrant_trial({ENTRANT: "b", "train.lr": 0.1}, bases={"a": {"x": 1}, "b": {"x": 2}},
                           experiments={"a": "/e/a", "b": "/e/b"}, repeats="/e/repeat")
     assert seen == {"params": {"train.lr": 0.1}, "base": {"x": 2}, "experiment": "/e/b",
-                    "repeats": "/e/repeat"}
+                    "repeats": "/e/repeat", "entrant": "b"}  # the record keeps the entrant's label
 

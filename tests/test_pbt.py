@@ -470,3 +470,84 @@ def test_a_restored_trial_keeps_its_pbt_clock_and_score(tmp_path):
     decision = sched.on_trial_result(Controller(), restored, {"epoch": 6, "knn_acc": 0.7})
     assert decision == TrialScheduler.CONTINUE
     assert state.last_perturbation_time == 4  # not perturbed at 6: the clock kept its place
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the_best_schedule(tmp_path):
+    """`compare.scheduler: [asha, pbt]`: PiNDA searched by TPE+ASHA and by a PBT population under the same
+    trials and epochs; the repeat replays the best PBT trial's schedule from scratch (its values epoch by
+    epoch, on each new seed), the verdict says whether the schedule beats the constant, and the report
+    draws the population's schedules."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from augtune.records import knob_schedule
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": TINY_MLP, "pinda": {"generator": "mlp"},
+        "train": {"epochs": 6, "batch_size": 32, "num_threads": 1},
+        "eval": {"metrics": ["knn"]},
+        "resources": {"cpus_per_worker": 0.5},
+        "search": {"pbt": {"interval": 2, "quantile": 0.5}},
+        "compare": {"methods": ["pinda"], "scheduler": ["asha", "pbt"], "trials": 4, "seeds": 2},
+    }))
+    run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", "c.yaml", "--storage", "res",
+                          "--name", "exp"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    exp = tmp_path / "res" / "exp"
+    population = [json.loads(p.read_text()) for p in (exp / "simclr+pinda@pbt").glob("*/record.json")]
+    # PBT perturbs at epochs 2, 4 (and a finished donor's 6): a copy that copied a paused donor again and
+    # again (70 restarts of one trial before `EntrantsScheduler.choose_trial_to_run`) is a loop
+    assert all((r.get("exploits") or 0) <= 3 and len(r["nodes"]) <= 8 for r in population), [
+        (r.get("exploits"), len(r["nodes"])) for r in population]
+    constant = [json.loads(p.read_text()) for p in (exp / "simclr+pinda").glob("*/record.json")]
+    assert len(population) == len(constant) == 4
+    assert all(r["entrant"] == "simclr+pinda@pbt" and r["config"]["search"]["scheduler"] == "pbt"
+               and all(e.get("knobs") for e in r["epochs"]) for r in population)
+    assert all(r["config"]["search"]["scheduler"] == "asha" for r in constant)
+    finished = sorted((r for r in population if r["status"] == "completed"), key=lambda r: r["trial"])
+    best = max(finished, key=lambda r: r["epochs"][-1]["knn_acc"])  # ties: the first trial, as Tune's order
+    repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]
+    replays = [r for r in repeats if r["entrant"] == "simclr+pinda@pbt"]
+    assert sorted(r["seed"] for r in replays) == [1, 2] and len(repeats) == 4
+    for r in replays:  # the best trial's schedule, from epoch 1, whatever its lineage
+        assert r["params"]["schedule"] == knob_schedule(best["epochs"])
+        assert [e["knobs"] for e in r["epochs"]] == [e["knobs"] for e in best["epochs"]]
+    assert "Schedule against constant: knn_acc: simclr+pinda@pbt's schedule " in run.stdout
+    page = (exp / "report.html").read_text()
+    assert "<h2>Schedules</h2>" in page and "simclr+pinda@pbt: each trial&#x27;s schedule" in page
+
+
+def test_a_paused_trial_least_far_along_runs_first_so_a_donor_is_not_starved_by_its_copy():
+    """Pending trials first, in order; then the paused one whose last result is the earliest epoch (the
+    copy of a paused donor has trained further than the donor: the donor goes first)."""
+    from types import SimpleNamespace
+
+    from ray.tune.experiment import Trial
+
+    from augtune.search.multiplex import EntrantsScheduler
+
+    def trial(status, epoch=None):
+        return SimpleNamespace(status=status, last_result={"epoch": epoch} if epoch else {})
+
+    copy, donor, other = trial(Trial.PAUSED, 4), trial(Trial.PAUSED, 2), trial(Trial.PAUSED, 2)
+    controller = SimpleNamespace(get_trials=lambda: trials)
+    sched = EntrantsScheduler({})
+    trials = [copy, donor, other, trial(Trial.RUNNING, 1)]
+    assert sched.choose_trial_to_run(controller) is donor  # ties: the first made
+    trials = [copy, donor, trial(Trial.TERMINATED, 6), fresh := trial(Trial.PENDING)]
+    assert sched.choose_trial_to_run(controller) is fresh
+    trials = [trial(Trial.RUNNING, 3), trial(Trial.TERMINATED, 6)]
+    assert sched.choose_trial_to_run(controller) is None
+
+
+def test_a_pbt_search_hands_tune_its_whole_population_and_a_tpe_search_its_slots():
+    from augtune.search.pbt import live_trials
+
+    pbt = from_dict({**PBT, "search": {**PBT["search"], "num_samples": 8}})
+    assert live_trials(pbt, 2) == 8 and live_trials(pbt, 16) == 16
+    assert live_trials(from_dict({"search": {"num_samples": 8}}), 2) == 2

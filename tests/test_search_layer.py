@@ -293,3 +293,25 @@ def test_a_plugin_method_runs_in_a_one_trial_compare(tmp_path):
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "has finished" in again.stdout, again.stdout + again.stderr
     assert "resuming" not in again.stdout  # answered from the records: no Ray started
+
+
+def test_random_search_starts_from_a_preset_whose_choice_is_a_list():
+    """CoCor's defaults name `cocor.lengths: [1, 2, 3]`, a choice of lists: Tune's variant generator read
+    a list in a preset as nested keys and failed (a compare's PBT entrant of CoCor died on it); every
+    preset point is the first trials' config, the lists whole."""
+    from ray.tune.experiment import Experiment
+
+    from augtune.config import load_config
+    from augtune.search.searchers import searcher
+    from augtune.spaces import resolve_space
+
+    cfg = load_config(None, ["search.space=cocor", "search.algorithm=random", "dataset.as_vectors=true"])
+    space = resolve_space(cfg.search, "vector")
+    algorithm, params = searcher(cfg, space)
+    algorithm.add_configurations([Experiment("e", run=lambda c: None, config=params,
+                                             num_samples=len(space.points_to_evaluate) + 2)])
+    trials = [algorithm.next_trial() for _ in range(len(space.points_to_evaluate) + 2)]
+    for trial, point in zip(trials, space.points_to_evaluate):
+        assert {k: trial.config[k] for k in point} == point
+        assert type(trial.config["cocor.lengths"]) is list
+    assert all(t.config["cocor.lengths"] in ([1, 2, 3], [1], [2], [3], [1, 2, 3, 5]) for t in trials)

@@ -2,6 +2,7 @@
 sign; a folder from elsewhere is refused in one line, before anything runs, unless `--trust`."""
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -109,6 +110,91 @@ def test_the_ledger_vouches_for_state_copied_after_its_signature_file(tmp_path, 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "elsewhere"))  # no ledger, another key
     with pytest.raises(trust.Untrusted):
         trust.verify(str(exp))
+
+
+class SlowCopy:
+    """Tune's background copy of its staging folder to the experiment's (Ray's own `_BackgroundSyncer`,
+    which runs it in a thread), slowed to `delay` seconds before it copies: what a driver killed the
+    moment the copy ends leaves is checked there and then (`left`: verify's error, or None)."""
+
+    def __new__(cls, delay: float, left: list):
+        import shutil
+        import time
+
+        from ray.train._internal.syncer import _BackgroundSyncer
+
+        class Syncer(_BackgroundSyncer):
+            def _sync_up_command(self, local_path, uri, exclude=None):
+                def copy(src, dst):
+                    time.sleep(delay)
+                    shutil.copytree(src, dst, dirs_exist_ok=True)
+                    try:
+                        trust.verify(dst)
+                        left.append(None)
+                    except trust.Untrusted as e:
+                        left.append(str(e))
+                return copy, {"src": local_path, "dst": uri}
+
+        return Syncer()
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_copy_of_tunes_state_never_carries_a_file_saved_but_not_yet_signed(tmp_path, monkeypatch, held):
+    """Tune saves its state into a staging folder (its experiment state, then the search algorithm's
+    `save_to_dir`, which signs) while its copy of the last save may still run: unheld, that copy carries
+    the new state unsigned, and a driver killed as it ends leaves a folder `resume` refuses (the CI saw
+    it once). Held (`tune_internals.hold_copies_while_saving`, which `drive` applies), a step saves only
+    when no copy is in flight, the last save waits for it: every copy starts from a signed folder."""
+    import time
+    from types import SimpleNamespace
+
+    from augtune.search.tune_internals import hold_copies_while_saving
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    staging, exp, left = tmp_path / "staging", tmp_path / "exp", []
+    state = staging / "experiment_state-2026-01-01_00-00-00.json"
+
+    class Controller:  # TuneController's checkpoint and save_to_dir, the searcher's pickling slowed down
+        def __init__(self):
+            self._storage = SimpleNamespace(syncer=SlowCopy(0.2, left), experiment_fs_path=str(exp))
+            self.saves = 0
+
+        def checkpoint(self, force: bool = False, wait: bool = False):
+            self.save_to_dir()
+            self._storage.syncer.sync_up(str(staging), str(exp))
+            if wait:
+                self._storage.syncer.wait()
+
+        def save_to_dir(self):
+            self.saves += 1
+            staging.mkdir(exist_ok=True)
+            state.write_text(json.dumps({"trial_data": [], "save": self.saves}))  # Tune's own write
+            time.sleep(1.5)  # the search algorithm pickles its state
+            trust.sign(str(staging))
+
+    if held:
+        hold_copies_while_saving(Controller)
+        hold_copies_while_saving(Controller)  # idempotent: one wrapper
+        assert not hasattr(Controller.checkpoint.__wrapped__, "holds_copies")
+        from ray.tune.execution.tune_controller import TuneController
+
+        hold_copies_while_saving()  # Tune's own: what `drive` holds
+        assert TuneController.checkpoint.holds_copies
+    controller = Controller()
+    for _ in range(40):  # Tune's loop: a checkpoint each step
+        controller.checkpoint()
+        if controller.saves == 3:
+            break
+        time.sleep(0.05)
+    controller.checkpoint(force=True, wait=True)  # the end of the run
+    assert controller.saves >= 4 and len(left) >= 2
+    unsigned = [e for e in left if e]
+    if held:
+        assert unsigned == [], unsigned
+        trust.verify(str(exp))
+        assert json.loads((exp / state.name).read_text())["save"] == controller.saves  # the last, copied
+    else:
+        assert unsigned and "does not match" in unsigned[0]
 
 
 def test_trust_proceeds_and_signs_for_next_time(tmp_path, monkeypatch):

@@ -399,3 +399,40 @@ def test_an_unequal_budget_is_said():
     assert budget_note(search[:2] + [{"entrant": "b", "status": "completed"}] * 2) == ""
     nan = {"entrant": "b", "status": "failed", "error": "NonFiniteLoss: loss became nan at epoch 2"}
     assert "b 1 of 2 (1 diverged: its loss became NaN)" in budget_note(search[:3] + [nan])
+
+
+# -- schedule against constant (`compare.scheduler: [asha, pbt]`) ------------------------------------
+
+def test_each_method_searched_for_a_schedule_is_tested_against_its_constant():
+    """Two-sided, paired over the shared seeds (scipy's), Holm across a metric's pairs: a schedule that
+    beats, one no different, and the label parsed for what the method reads (@pbt is no augmentation)."""
+    rng = np.random.default_rng(3)
+    base = 0.80 + 0.01 * rng.normal(size=6)
+    values = {"simclr+pinda": list(base), "simclr+pinda@pbt": list(base + 0.05 + 0.002 * rng.normal(size=6)),
+              "simclr+cocor": list(base + 0.01),
+              "simclr+cocor@pbt": list(base + 0.01 + 0.01 * rng.normal(size=6)),
+              "simclr+nrcc": list(base)}
+    v = verdict(runs(values), ("knn_acc",))
+    said = next(s for s in v.sentences() if s.startswith("Schedule against constant"))
+    p = [stats.ttest_rel(values[f"{m}@pbt"], values[m]).pvalue for m in ("simclr+cocor", "simclr+pinda")]
+    cocor, pinda = holm(p)
+    assert pinda < 0.05 < cocor
+    diff = 100 * (np.mean(values["simclr+pinda@pbt"]) - np.mean(values["simclr+pinda"]))
+    assert f"simclr+pinda@pbt's schedule beats simclr+pinda's constant (+{diff:.2g} points, Holm p = " \
+           f"{pinda:.2g})" in said
+    assert "simclr+cocor@pbt's schedule is not distinguishable from simclr+cocor's constant" in said
+    assert f"Holm p = {cocor:.2g})" in said and "nrcc" not in said
+    worse = {"simclr+pinda": list(base + 0.05), "simclr+pinda@pbt": list(base)}
+    assert "simclr+pinda@pbt's schedule is worse than simclr+pinda's constant (−" in \
+        verdict(runs(worse), ("knn_acc",)).sentences()[1]
+    # no pair, no sentence; one seed: said untested
+    assert not [s for s in verdict(runs({"a": [0.9, 0.8], "b": [0.7, 0.6]}), ("knn_acc",)).sentences()
+                if s.startswith("Schedule")]
+    one = verdict(runs({"simclr": [0.9], "simclr@pbt": [0.8]}), ("knn_acc",)).sentences()
+    assert "Schedule against constant: knn_acc: simclr@pbt against simclr: untested (n = 1)." in one
+
+
+def test_a_schedule_of_cocor_still_reads_labels():
+    recs = runs({"simclr+cocor@pbt": [0.95, 0.96, 0.955], "simclr": [0.90, 0.91, 0.92]})
+    assert {r.entrant: bool(r.semi) for r in verdict(recs, ("knn_acc",)).rows} == {
+        "simclr+cocor@pbt": True, "simclr": False}

@@ -219,6 +219,27 @@ def _table_html(v: Verdict) -> str:
     return "\n".join(out)
 
 
+def _schedule_figures(search: list[dict]) -> list[str]:
+    """Each PBT entrant's population: its knobs' values per epoch, one line per trial, exploits marked
+    (`augtune.plots.schedule`); nothing when no entrant searched for a schedule."""
+    from augtune.plots import PlotError, Run
+    from augtune.plots.schedule import figure
+
+    groups: dict[str, list] = {}
+    for r in search:
+        if ((r.get("config") or {}).get("search") or {}).get("scheduler") in ("pbt", "pb2"):
+            name = str(r.get("entrant") or r.get("method"))
+            groups.setdefault(name, []).append(Run(Path(str(r.get("trial") or name)), r))
+    out = []
+    for name, runs in groups.items():
+        try:
+            out.append(_img(_png(figure(runs)), f"{name}: each trial's schedule (a triangle: it copied "
+                                                "another after this epoch)"))
+        except PlotError as e:
+            out.append(f"<p>{html.escape(name)}: {html.escape(str(e))}</p>")
+    return ["<h2>Schedules</h2>", *out] if out else []
+
+
 def _own_figures(exp_dir: Path, repeat: list[dict]) -> list[str]:
     """Each entrant's figures of its first repeat run (the records list them relative to their
     folder)."""
@@ -277,6 +298,7 @@ def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: li
              "<h2>Search history</h2>",
              _img(_history_figure(search, metric, mode), "each entrant's trials") if search
              else "<p>no search trial recorded</p>",
+             *_schedule_figures(search),
              "<h2>The methods' own figures</h2>",
              *(_own_figures(exp_dir, repeat) or ["<p>none drawn</p>"])]
     name = html.escape(title or exp_dir.name)

@@ -47,6 +47,7 @@ from scipy import stats as sps
 from augtune.analysis import stats
 from augtune.analysis.race import RaceState, candidate_of
 from augtune.analysis.stats import holm  # the verdict's own since before stats.py
+from augtune.config import method_of
 from augtune.records import VAL_PREFIX
 
 # (diagnostic key in a record's final metrics, predicate on its value that means "did not train",
@@ -155,7 +156,41 @@ class Verdict:
 
     def sentences(self) -> list[str]:
         return [self._sentence(m) for m in self.metrics] + [
-            t for t in (self._race_apart(), self.budget, self.time_budget, self.splits) if t]
+            t for t in (self._schedules(), self._race_apart(), self.budget, self.time_budget, self.splits)
+            if t]
+
+    def _schedules(self) -> str:
+        """Schedule against constant: every method entered under both (`simclr+pinda@pbt` beside
+        `simclr+pinda`, `compare.scheduler: [asha, pbt]`), per metric, the difference of the means and a
+        two-sided test over the shared seeds, Holm-corrected across a metric's pairs (a planned comparison
+        of its own, outside the leader's family)."""
+        ranked = {r.entrant for r in self.rows if not r.flag}
+        pairs = sorted((r.entrant, method_of(r.entrant)) for r in self.rows
+                       if r.entrant in ranked and r.entrant != method_of(r.entrant)
+                       and method_of(r.entrant) in ranked)
+        said = []
+        for m in self.metrics:
+            tested, untested = [], []
+            for sched, const in pairs:
+                a, b = self.row(sched).cells.get(m), self.row(const).cells.get(m)
+                if a is None or b is None or not (math.isfinite(a.mean) and math.isfinite(b.mean)):
+                    continue
+                if min(a.n, b.n) < 2:
+                    untested.append(f"{sched} against {const}: untested (n = 1)")
+                else:
+                    tested.append((sched, const, a.mean - b.mean, _p_value(a, b)[0]))
+            words = []
+            for (sched, const, diff, _), p in zip(tested, holm([t[3] for t in tested])):
+                sign = "+" if diff >= 0 else "−"
+                how = f"{sign}{_pts(m, abs(diff))}, Holm p = {p:.2g}"
+                if p < self.alpha:
+                    verb = "beats" if diff > 0 else "is worse than"
+                    words.append(f"{sched}'s schedule {verb} {const}'s constant ({how})")
+                else:
+                    words.append(f"{sched}'s schedule is not distinguishable from {const}'s constant ({how})")
+            if words or untested:
+                said.append(f"{m}: " + "; ".join(words + untested))
+        return f"Schedule against constant: {'. '.join(said)}." if said else ""
 
     def _race_apart(self) -> str:
         """What the race did, when it decided on a metric that is not a column (its metric on the
@@ -445,7 +480,7 @@ def semi_supervised(record: Mapping) -> str:
     cfg = record.get("config") or {}
     augment = (cfg.get("method") or {}).get("augment")
     if augment is None:
-        augment = str(record.get("entrant") or record.get("method") or "").split("+")[1:]
+        augment = method_of(str(record.get("entrant") or record.get("method") or "")).split("+")[1:]
     if "cocor" not in augment:
         return ""
     cocor = cfg.get("cocor") or {}
@@ -824,7 +859,7 @@ def _costs(rows: list[Row], repeat: list[dict], search: list[dict]) -> None:
         row.epoch_time = float(np.mean(t)) if t else float("nan")
         row.compute_s = float(sum(t) + sum(epoch_times(search, row.entrant)))
     for row in rows:
-        plain = next((r for r in rows if r.entrant == row.entrant.split("+")[0]), None)
+        plain = next((r for r in rows if r.entrant == method_of(row.entrant).split("+")[0]), None)
         if plain is not None and plain.epoch_time > 0:
             row.relative_cost = row.epoch_time / plain.epoch_time
 

@@ -31,6 +31,11 @@ def _series(run: Run) -> dict[str, tuple[list[int], list[float]]]:
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """The knobs' values per epoch of every run (a PBT population's schedules), exploits marked."""
+    return [save(figure(runs), Path(out) / "schedule.png")]
+
+
+def figure(runs: list[Run]):
+    """`plot`'s figure, unsaved (a compare's report inlines one per PBT entrant)."""
     import matplotlib.pyplot as plt
 
     series = {id(r): _series(r) for r in runs}
@@ -62,4 +67,4 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     axes[-1, 0].set_xlabel("epoch (a triangle: the run copied another after this epoch)")
     if len(runs) <= 12:
         axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return [save(fig, Path(out) / "schedule.png")]
+    return fig

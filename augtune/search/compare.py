@@ -2,10 +2,12 @@
 
 Every entrant (a base alone, or a base with one augmentation method) is an ordinary augtune search: its
 own registered space (the papers' defaults first), the same number of trials (`compare.trials`, Optuna
-TPE, ASHA unless `compare.scheduler: none`), then its best configuration re-run on the same new seeds as
-every other entrant. What the protocol holds equal is taken out of every space (`search.hold`): the data,
-split, backbone, epochs, batch size, evaluation and seeds. The verdict, its tests and the importances are
-made by `augtune.analysis` from the records on disk.
+TPE, ASHA unless `compare.scheduler: none`; or a PBT population, whose best trial's schedule the repeat
+replays), then its best configuration re-run on the same new seeds as every other entrant. A method
+entered under a constant and a schedule scheduler (`compare.scheduler: [asha, pbt]`) is two entrants,
+`simclr+pinda` and `simclr+pinda@pbt`. What the protocol holds equal is taken out of every space
+(`search.hold`): the data, split, backbone, epochs, batch size, evaluation and seeds. The verdict, its
+tests and the importances are made by `augtune.analysis` from the records on disk.
 
 The experiment folder holds `augtune_compare.yaml` (what `augtune resume` needs); one folder per entrant,
 named by its label (`simclr+pinda`), with its plan, its Optuna study and its trials' records; `search/`:
@@ -35,14 +37,20 @@ SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bound
 HELD = ("method.base", "method.augment", "train.epochs", "train.batch_size", "train.seed")
 
 
+SCHEDULES = ("pbt", "pb2")  # compare.scheduler values whose trials train under a schedule of values
+
+
 @dataclass(frozen=True)
 class Entrant:
     base: str
     augment: tuple[str, ...]
+    scheduler: str = "asha"  # how its search runs (`compare.scheduler`)
 
     @property
     def label(self) -> str:
-        return "+".join((self.base, *self.augment))
+        """`simclr+pinda`; searched by PBT (a schedule, not a constant), `simclr+pinda@pbt`."""
+        method = "+".join((self.base, *self.augment))
+        return f"{method}@{self.scheduler}" if self.scheduler in SCHEDULES else method
 
     @property
     def space(self) -> str:
@@ -63,10 +71,19 @@ def applicable(modality: str) -> tuple[str, ...]:
 
 def entrants(cfg: Config, modality: str) -> list[Entrant]:
     """The entrants of `cfg.compare` on data of `modality` (`image` or `vector`), bases first: every
-    registered augmentation that applies to it unless `compare.methods` names some."""
+    registered augmentation that applies to it unless `compare.methods` names some, each once under every
+    `compare.scheduler` (a method searched for a constant and for a schedule is two entrants)."""
     from augtune.methods import AUGMENTATIONS, modalities
 
     c = cfg.compare
+    if not c.scheduler:
+        raise ConfigError("compare.scheduler: name at least one (asha, none, pbt or pb2)")
+    if len(set(c.scheduler)) != len(c.scheduler):
+        raise ConfigError(f"compare.scheduler: lists one twice: {list(c.scheduler)}")
+    constant = [s for s in c.scheduler if s not in SCHEDULES]
+    if len(constant) > 1:
+        raise ConfigError(f"compare.scheduler: {' and '.join(constant)} both search constants; one method "
+                          "entered twice would be two entrants of one label (name one of them)")
     bases = c.bases or (cfg.method.base,)
     wanted = c.methods or ("base", *applicable(modality))
     for m in wanted:
@@ -75,7 +92,8 @@ def entrants(cfg: Config, modality: str) -> list[Entrant]:
         if m != "base" and modality not in modalities(m):
             raise ConfigError(f"compare.methods: {m} applies to {' and '.join(modalities(m))} data; this "
                               f"data set gives {modality}s")
-    return [Entrant(b, () if m == "base" else (m,)) for b in bases for m in wanted]
+    return [Entrant(b, () if m == "base" else (m,), sched) for b in bases for m in wanted
+            for sched in c.scheduler]
 
 
 def entrant_config(cfg: Config, entrant: Entrant) -> Config:
@@ -85,9 +103,11 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
     seeds = [cfg.train.seed + i for i in range(1, repeat_seeds(c) + 1)]
     values = {
         "method.base": entrant.base, "method.augment": list(entrant.augment),
-        "search.space": entrant.space, "search.hold": list(HELD), "search.algorithm": "optuna",
+        "search.space": entrant.space, "search.hold": list(HELD),
+        # TPE would credit a PBT trial's last score to its first values: a population starts at random
+        "search.algorithm": "random" if entrant.scheduler in SCHEDULES else "optuna",
         "search.num_samples": c.trials, "search.metric": c.metrics[0], "search.mode": "max",
-        "search.scheduler": c.scheduler,
+        "search.scheduler": entrant.scheduler,
         "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
     }
     return from_dict(set_values(to_dict(cfg), values))
@@ -263,15 +283,18 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     def start(conc: int, log: Callable[[str], None]):
         from augtune.search.experiment import optuna_storage
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
+        from augtune.search.pbt import is_pbt, live_trials
         from augtune.search.searchers import scheduler, searcher
         from augtune.search.tune_internals import restorable
         from augtune.spaces import resolve_space
 
         entrants, schedulers = {}, {}
         for p in plan.plans:
-            algorithm, constants = searcher(p.cfg, resolve_space(p.cfg.search, p.modality), optuna_storage(p))
-            entrants[p.name] = (restorable(algorithm, conc), constants, p.cfg.search.num_samples)
-            own = scheduler(p.cfg)
+            space = resolve_space(p.cfg.search, p.modality)
+            algorithm, constants = searcher(p.cfg, space, optuna_storage(p))
+            entrants[p.name] = (restorable(algorithm, live_trials(p.cfg, conc)), constants,
+                                p.cfg.search.num_samples)
+            own = scheduler(p.cfg, space)  # PBT's perturbations: the entrant's own domains
             if own is not None:
                 schedulers[p.name] = own
         then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
@@ -280,7 +303,8 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
         log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
             f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
         choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
-        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc), choose, conc,
+        populations = {p.name for p in plan.plans if is_pbt(p.cfg)}  # live whole, beside the limit
+        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc, populations), choose, conc,
                                              EntrantsScheduler(schedulers))
         total = sum(p.cfg.search.num_samples for p in plan.plans)
         return tune.Tuner(
@@ -289,11 +313,21 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
             tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
                                         search_alg=search_alg, scheduler=sched, num_samples=total,
                                         reuse_actors=True),
-            run_config=run_config(cfg, COMPARE_SEARCH, plan.experiment, callbacks or [], folders, repeats),
+            run_config=run_config(kept(cfg, plan), COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
+                                  repeats),
         )
 
     return TuneRun(plan.experiment, path, cfg, trainable, prepare, start, first.address, first.dashboard,
                    (*folders.values(), repeats))
+
+
+def kept(cfg: Config, plan: ComparePlan) -> Config:
+    """`cfg` keeping as many checkpoints per trial as its most demanding entrant needs (Tune keeps one
+    number for the run): a PBT entrant's donor checkpoint must outlive its copy."""
+    from augtune.search.launch import checkpoints_kept
+
+    most = max(checkpoints_kept(p.cfg) for p in plan.plans)
+    return replace(cfg, search=replace(cfg.search, keep_checkpoints=most))
 
 
 def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
@@ -328,7 +362,7 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
         values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
         if record.get("status") not in ("completed", "stopped") or not values:
             continue
-        scored.append((values[-1], record.get("params", {})))
+        scored.append((values[-1], replayed(record)))
     scored.sort(key=lambda vp: vp[0], reverse=mode == "max")  # stable: ties keep the folders' order
     out, seen = [], []
     for _, params in scored:
@@ -337,6 +371,18 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
             seen.append(read)
             out.append(params)
     return out[:k]
+
+
+def replayed(record: dict) -> dict:
+    """A search trial's parameters as the repeat runs them: a PBT trial's (its values at the end) with the
+    `schedule:` of the values its epochs trained under, donors' epochs included (PBA's replay, from
+    scratch on each new seed); two trials are one configuration only with the same schedule."""
+    from augtune.records import knob_schedule
+
+    params = dict(record.get("params") or {})
+    if ((record.get("config") or {}).get("search") or {}).get("scheduler") in SCHEDULES:
+        params["schedule"] = knob_schedule(record.get("epochs") or [])
+    return params
 
 
 def epoch_seconds(folder: Path) -> float:

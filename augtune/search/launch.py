@@ -178,7 +178,7 @@ def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
 PBT_CHECKPOINTS = 4
 
 
-def _checkpoints_kept(cfg: Config) -> int:
+def checkpoints_kept(cfg: Config) -> int:
     pbt = cfg.search.scheduler in ("pbt", "pb2")
     return max(cfg.search.keep_checkpoints, PBT_CHECKPOINTS) if pbt else cfg.search.keep_checkpoints
 
@@ -196,7 +196,7 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: O
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=_checkpoints_kept(cfg)),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(cfg)),
         callbacks=[SettleRecords(folders, repeats),
                    *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
     )
@@ -293,7 +293,9 @@ def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: boo
     from ray import tune
 
     from augtune.search.trust import TUNER_SIGNATURES, sign, verify
+    from augtune.search.tune_internals import hold_copies_while_saving
 
+    hold_copies_while_saving()  # each copy of Tune's state to the folder starts from signed files
     with Lock(run.experiment):  # before Ray starts: a folder in use is refused at once
         restore = tune.Tuner.can_restore(run.path)
         if restore:
@@ -339,6 +341,7 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
     def start(conc: int, log: Callable[[str], None]):
         from ray import tune
 
+        from augtune.search.pbt import live_trials
         from augtune.search.repeat import RepeatBest
         from augtune.search.searchers import scheduler, searcher
         from augtune.search.tune_internals import restorable
@@ -355,8 +358,8 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
             + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
                + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
         # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
-        search_alg, sched = search_algorithm(restorable(algorithm, conc), RepeatBest(to_dict(cfg)), conc,
-                                             scheduler(cfg, space))
+        search_alg, sched = search_algorithm(restorable(algorithm, live_trials(cfg, conc)),
+                                             RepeatBest(to_dict(cfg)), conc, scheduler(cfg, space))
         return tune.Tuner(
             trainable,
             param_space=param_space,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from ray import cloudpickle
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining, TrialScheduler
@@ -46,15 +46,18 @@ def entrant_of(trial_or_result) -> Optional[str]:
 class EntrantsSearch(SearchAlgorithm):
     """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
     algorithm as `tune_internals.restorable` makes it, the constants of its space, its budget) as one, at most
-    `max_concurrent` trials at a time in all (0: no limit of its own)."""
+    `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
+    `populations` (PBT's: a population is live whole, `pbt.live_trials`; Tune's slots still hold how many
+    run at once)."""
 
-    def __init__(self, entrants: dict[str, tuple], max_concurrent: int = 0):
+    def __init__(self, entrants: dict[str, tuple], max_concurrent: int = 0, populations: Iterable[str] = ()):
         self._subs = {name: alg for name, (alg, _, _) in entrants.items()}
         self._constants = {name: dict(constants) for name, (_, constants, _) in entrants.items()}
         self._budgets = {name: int(trials) for name, (_, _, trials) in entrants.items()}
         self._owner: dict[str, str] = {}  # trial id -> entrant
         self._live: set[str] = set()
         self.max_concurrent = max_concurrent
+        self._populations = set(populations)
         self._turn = 0
 
     # -- what Tune asks -----------------------------------------------------------------------------------
@@ -85,14 +88,15 @@ class EntrantsSearch(SearchAlgorithm):
 
     def next_trial(self):
         """The next entrant in turn that has a trial to give (its searcher and its limit allow one)."""
-        if self.max_concurrent and len(self._live) >= self.max_concurrent:
-            return None
+        populations = getattr(self, "_populations", set())  # a snapshot of augtune 0.4 has none
+        limited = [t for t in self._live if self._owner.get(t) not in populations]
+        full = bool(self.max_concurrent) and len(limited) >= self.max_concurrent
         names = list(self._subs)
         for _ in range(len(names)):
             name = names[self._turn % len(names)]
             self._turn += 1
             sub = self._subs[name]
-            if sub.is_finished():
+            if sub.is_finished() or (full and name not in populations):
                 continue
             trial = sub.next_trial()
             if trial is not None:
@@ -184,6 +188,21 @@ class EntrantsScheduler(FIFOScheduler):
         if REPEAT in (getattr(trial, "config", None) or {}):
             return self._fifo
         return self._schedulers.get(entrant_of(trial)) or self._fifo
+
+    def choose_trial_to_run(self, tune_controller):
+        """A pending trial first, in the order they were made; then the paused trial least far along (by
+        the epoch of its last result; PBT pauses trials to share the slots). PBT's own rule ranks a trial
+        that just copied a paused donor as far along as the donor, and Tune's order then runs the copy
+        again and again, each time copying the same stale checkpoint, while the donor waits: a 6-epoch
+        trial of the compare test restarted 70 times so."""
+        from ray.tune.experiment import Trial
+
+        trials = tune_controller.get_trials()
+        pending = next((t for t in trials if t.status == Trial.PENDING), None)
+        if pending is not None:
+            return pending
+        paused = [t for t in trials if t.status == Trial.PAUSED]
+        return min(paused, key=lambda t: (t.last_result or {}).get("epoch", 0)) if paused else None
 
     def on_trial_add(self, tune_controller, trial) -> None:
         scheduler = self._of(trial)

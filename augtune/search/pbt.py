@@ -45,6 +45,15 @@ def is_pbt(cfg: Config) -> bool:
     return cfg.search.scheduler in ("pbt", "pb2")
 
 
+def live_trials(cfg: Config, slots: int) -> int:
+    """How many of a search's trials its algorithm hands Tune at once: `slots` (a TPE trial learns from
+    the ones that ended), but a PBT population whole: PBT compares only trials that have not finished,
+    and one handed out `slots` at a time ran through its epochs before the next began, so it was never
+    a population (8 trials on 2 slots: 0 to 1 exploits). Tune runs `slots` of them at once; PBT pauses
+    a running one at each perturbation while others wait, so all progress together."""
+    return max(cfg.search.num_samples, slots) if is_pbt(cfg) else slots
+
+
 def _is_log(domain: Any) -> bool:
     sampler = domain.get_sampler()
     inner = getattr(sampler, "sampler", sampler)  # a quantized sampler wraps the plain one

@@ -35,13 +35,23 @@ and why augtune needs it anyway:
   and the population's scores were forgotten. No public hook sets that state; this gives a restored
   trial the state it had, from its last result and checkpoint (Tune restores both).
 
+- `hold_copies_while_saving` wraps `TuneController.checkpoint` (reading its `_storage.syncer` and the
+  syncer's `_should_continue_existing_sync`): Tune writes its experiment state into a staging folder
+  while the background copy it launched at the last save may still be copying that folder to the
+  experiment's, so the copy can carry a state file written but not yet signed (`augtune.search.trust`:
+  the search algorithm's `save_to_dir` signs, after Tune's own write); a driver killed then leaves a
+  folder `resume` rightly refuses (the CI saw it). Saving only when no copy is in flight means every
+  copy starts from a signed folder. Tune has no hook before its save.
+
 The versions these were written against are `SUPPORTED` (the same ranges as pyproject.toml's
 dependencies; a test checks they agree): importing this module outside them fails with one line.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +187,15 @@ def restored_trials(folder: str, repeats: bool = False) -> Optional[list[Restore
 class ReplayingVariantGenerator(BasicVariantGenerator):
     """Tune's BasicVariantGenerator (grid and random search) that, restored, replays its variants from the
     start and skips those Tune already holds: the variants are deterministic (the grid, and the sampler
-    seeded with `search.seed`) and so are their trial ids, whichever snapshot its saved state was."""
+    seeded with `search.seed`) and so are their trial ids, whichever snapshot its saved state was.
+
+    A preset point's list value (a choice of lists: CoCor's `cocor.lengths`) goes in wrapped (`Whole`):
+    Tune reads a list in a preset as nested keys and failed on it; the trial's config gets the list."""
+
+    def __init__(self, *args, points_to_evaluate: Optional[list] = None, **kwargs):
+        points = [{k: Whole(v) if isinstance(v, (list, tuple)) else v for k, v in p.items()}
+                  for p in points_to_evaluate or ()]
+        super().__init__(*args, points_to_evaluate=points or None, **kwargs)
 
     def add_configurations(self, experiments) -> None:
         super().add_configurations(experiments)
@@ -199,8 +217,32 @@ class ReplayingVariantGenerator(BasicVariantGenerator):
             live = set(self._live_trials)
             trial = super().next_trial()
             if trial is None or trial.trial_id not in getattr(self, "_held", ()):
+                if trial is not None:
+                    trial.config = {k: Whole.unwrap(v) for k, v in trial.config.items()}
+                    trial.evaluated_params = {k: Whole.unwrap(v) for k, v in trial.evaluated_params.items()}
                 return trial
             self._live_trials = live  # a replayed trial Tune holds: live only if it was
+
+
+class Whole:
+    """A list given whole in a preset point of Tune's variant generator (which recurses into lists): equal
+    to the list, so Tune's check that a preset lies in its choice's domain holds."""
+
+    def __init__(self, value):
+        self.value = list(value)
+
+    def __eq__(self, other) -> bool:
+        return self.value == (other.value if isinstance(other, Whole) else other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self.value))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @staticmethod
+    def unwrap(value):
+        return value.value if isinstance(value, Whole) else value
 
 
 class ReconcilingSearchGenerator(SearchGenerator):
@@ -347,6 +389,36 @@ def _same(a: dict, b: dict) -> bool:
 
 def _as_config(params: dict) -> dict:
     return {f"{CONFIG_PREFIX}{k}": v for k, v in params.items()}
+
+
+# -- Tune's saves and its background copies -------------------------------------------------------------
+
+def hold_copies_while_saving(controller: Optional[type] = None) -> None:
+    """Make Tune's driver save its state only when no copy of its staging folder is in flight (`controller`:
+    the class to wrap, Tune's `TuneController` by default): a step's save is put off to a later step (Tune
+    would not have copied it now either), the final one waits for the copy. Every copy then starts from
+    files the save has finished and signed. Idempotent."""
+    if controller is None:
+        from ray.tune.execution.tune_controller import TuneController as controller
+    checkpoint = controller.checkpoint
+    if getattr(checkpoint, "holds_copies", False):
+        return
+
+    @functools.wraps(checkpoint)
+    def held(self, force: bool = False, wait: bool = False):
+        syncer = getattr(getattr(self, "_storage", None), "syncer", None)
+        if syncer is not None and syncer._should_continue_existing_sync():
+            if not force:
+                return None
+            try:
+                syncer.wait()
+            except Exception as e:  # Tune says so when it launches the next copy; wait() forgets it
+                logging.getLogger(__name__).warning("copying the experiment state to %s failed: %s",
+                                                    getattr(self._storage, "experiment_fs_path", "?"), e)
+        return checkpoint(self, force=force, wait=wait)
+
+    held.holds_copies = True
+    controller.checkpoint = held
 
 
 # -- PBT's per-trial state, after a restore -------------------------------------------------------------

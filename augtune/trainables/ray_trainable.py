@@ -233,7 +233,7 @@ def _process_start_s() -> float:
 
 def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None, *,
                repeats: str | None = None, on_repeat_completed: OnCompleted | None = None,
-               tune_run: str | None = None) -> None:
+               tune_run: str | None = None, entrant: str | None = None) -> None:
     """The Tune function trainable of every augtune trial (see the module docstring).
 
     `params`: the trial's sampled {dotted key: value}, or a repeat run's whole parameter set under
@@ -242,14 +242,16 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     the repeat runs keep theirs (`experiment` when not given); `on_completed`, `on_repeat_completed`:
     what runs in a completed search or repeat trial's folder (the CLI's end-of-run figures); `tune_run`:
     the Tune run's own folder, where Tune keeps the trials' checkpoints (the record names it when it is
-    elsewhere, for `augtune plot`). All are bound with `tune.with_parameters`.
+    elsewhere, for `augtune plot`); `entrant`: a compare's entrant, whose label the record keeps (its
+    method's label by default). All are bound with `tune.with_parameters`.
     """
     repeat = REPEAT in params
     # a race's repeat run: its candidate and round, kept in its record (the race is rebuilt from these)
     race = {name: params[key] for name, key in (("candidate", CANDIDATE), ("round", ROUND)) if key in params}
     params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
     cfg = trial_config(repeat_params(params, base, racing=bool(race)) if repeat else params, base)
-    about = {"params": dict(params), "phase": "repeat" if repeat else "search", "entrant": method_label(cfg),
+    about = {"params": dict(params), "phase": "repeat" if repeat else "search",
+             "entrant": entrant or method_label(cfg),
              "process": os.getpid(), **race}
     records = (repeats or experiment) if repeat else experiment
     folder = TrialFolder(records)
@@ -282,7 +284,7 @@ def tune_entrant_trial(params: dict, bases: dict, experiments: dict, **where) ->
     `tune_trial`'s."""
     name = params[ENTRANT]
     params = {k: v for k, v in params.items() if k != ENTRANT}
-    return tune_trial(params, base=bases[name], experiment=experiments[name], **where)
+    return tune_trial(params, base=bases[name], experiment=experiments[name], entrant=name, **where)
 
 
 def isolate_trial(cfg: Config) -> None:
