@@ -178,3 +178,21 @@ def test_the_report_in_a_real_headless_browser(tmp_path):
     pixels = matplotlib.image.imread(shot)[..., :3]
     assert pixels.std() > 0.05  # not a blank page
     assert len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 50  # text and plots
+
+
+def test_the_report_draws_each_pbt_entrants_schedules_and_nothing_without_one():
+    from augtune.analysis.report import _schedule_figures
+
+    def trial(entrant, scheduler, lrs, lineage=()):
+        return {"entrant": entrant, "trial": f"t_{entrant}_{lrs[0]}", "lineage": list(lineage),
+                "config": {"search": {"scheduler": scheduler}},
+                "epochs": [{"epoch": i, "knobs": {"train.lr": lr}} for i, lr in enumerate(lrs, 1)]}
+
+    population = [trial("simclr+pinda@pbt", "pbt", [0.1, 0.1, 0.2]),
+                  trial("simclr+pinda@pbt", "pbt", [0.3] * 3)]
+    html = _schedule_figures([*population, trial("simclr+pinda", "asha", [0.1])])
+    assert html[0] == "<h2>Schedules</h2>" and len(html) == 2 and "data:image/png;base64," in html[1]
+    assert "simclr+pinda@pbt: each trial" in html[1]
+    assert _schedule_figures([trial("simclr+pinda", "asha", [0.1])]) == []
+    no_knobs = [{**population[0], "epochs": [{"epoch": 1}]}]
+    assert "recorded knob values per epoch" in _schedule_figures(no_knobs)[1]  # said, not a traceback

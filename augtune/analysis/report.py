@@ -221,21 +221,20 @@ def _table_html(v: Verdict) -> str:
 
 def _schedule_figures(search: list[dict]) -> list[str]:
     """Each PBT entrant's population: its knobs' values per epoch, one line per trial, exploits marked
-    (`augtune.plots.schedule`); nothing when no entrant searched for a schedule."""
-    from augtune.plots import PlotError, Run
-    from augtune.plots.schedule import figure
+    (`augtune.analysis.schedules`); nothing when no entrant searched for a schedule."""
+    from augtune.analysis.frame import AnalysisError
+    from augtune.analysis.schedules import figure
 
     groups: dict[str, list] = {}
     for r in search:
         if ((r.get("config") or {}).get("search") or {}).get("scheduler") in ("pbt", "pb2"):
-            name = str(r.get("entrant") or r.get("method"))
-            groups.setdefault(name, []).append(Run(Path(str(r.get("trial") or name)), r))
+            groups.setdefault(str(r.get("entrant") or r.get("method")), []).append(r)
     out = []
-    for name, runs in groups.items():
+    for name, records in groups.items():
         try:
-            out.append(_img(_png(figure(runs)), f"{name}: each trial's schedule (a triangle: it copied "
-                                                "another after this epoch)"))
-        except PlotError as e:
+            out.append(_img(_png(figure(records)), f"{name}: each trial's schedule (a triangle: it copied "
+                                                   "another after this epoch)"))
+        except AnalysisError as e:
             out.append(f"<p>{html.escape(name)}: {html.escape(str(e))}</p>")
     return ["<h2>Schedules</h2>", *out] if out else []
 
