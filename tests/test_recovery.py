@@ -18,6 +18,7 @@ from ray import tune
 from ray.tune.experiment import Experiment, Trial
 
 from augtune.config import ConfigError
+from augtune.search import trust
 from augtune.search.recovery import finish_interrupted_copy, prepare_restore, refill_lost_checkpoints
 from augtune.search.tune_internals import (MetricResultsOptunaSearch, ReconcilingSearchGenerator,
                                            ReplayingVariantGenerator, restorable, restored_trials)
@@ -245,6 +246,7 @@ def test_the_dead_drivers_last_copy_is_finished(tmp_path, monkeypatch):
     (staged / "tmp-basic-variant-state-x.json").write_bytes(b"half")  # Tune's temporary file
     other = _staging(tmp_path / "raytmp", "b", "2027-01-01_00-00-00")  # a newer experiment named exp too
     (other / "tune_trial_9").mkdir()
+    trust.sign(str(staged))  # as augtune signs every save where Tune writes it
 
     written = finish_interrupted_copy(str(exp))
     assert (exp / "tune_trial_1" / "result.json").read_bytes() == RESULTS  # whole lines only
@@ -252,7 +254,7 @@ def test_the_dead_drivers_last_copy_is_finished(tmp_path, monkeypatch):
     assert (exp / "tune_trial_2" / "progress.csv").read_bytes() == b"epoch\n1\n2\n3\n"
     assert json.loads((exp / "experiment_state-2026-01-01_00-00-00.json").read_text())["at"] == "a"
     assert pickle.loads((exp / "basic-variant-state-2026-01-01_00-00-00.json").read_bytes()) == {"at": "a"}
-    assert not list(exp.glob("tmp-*")) and len(written) == 4
+    assert not list(exp.glob("tmp-*")) and len(written) == 5  # and the staged signatures
     assert finish_interrupted_copy(str(exp)) == []  # whole now: nothing more to do
 
 
@@ -272,6 +274,7 @@ def test_a_torn_staged_snapshot_is_not_taken_and_a_torn_stored_one_is_refused(tm
         prepare_restore(str(exp))
     assert json.loads((exp / "experiment_state-2026-01-01_00-00-00.json").read_text()) == {"trial_data": []}
     (staged / "basic-variant-state-2026-01-01_00-00-00.json").write_bytes(pickle.dumps({"at": "a"}))
+    trust.sign(str(staged))  # as augtune signs every save where Tune writes it
     prepare_restore(str(exp))  # a whole staged snapshot replaces the torn one, all of its files
     assert pickle.loads(torn.read_bytes()) == {"at": "a"}
     assert json.loads((exp / "experiment_state-2026-01-01_00-00-00.json").read_text())["at"] == "a"

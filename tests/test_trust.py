@@ -71,6 +71,27 @@ def test_a_malicious_pickle_with_ordinary_permissions_is_refused_and_never_run(t
     assert not pwned.exists()
 
 
+@pytest.mark.parametrize("name", ["basic-variant-state-2026-01-01_00-00-00.json",
+                                  "search_gen_state-2026-01-01_00-00-00.json",
+                                  "callback-states-2026-01-01_00-00-00.pkl",
+                                  "searcher-state-2026-01-01_00-00-00.pkl"])
+def test_every_file_tune_unpickles_on_resume_is_checked_whatever_its_name(tmp_path, monkeypatch, capsys,
+                                                                           name):
+    """Tune's variant and search generators keep their state as cloudpickles named `.json`, its callbacks as
+    `callback-states-*.pkl`: a planted one in a folder this user signed is refused like `tuner.pkl` (a
+    `.json` that does not parse was once skipped as a torn experiment state)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))  # this test's ledger, no other's
+    pwned = tmp_path / "PWNED"
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    trust.sign(str(exp))
+    trust.verify(str(exp))
+    (exp / name).write_bytes(pickle.dumps(Pwn(pwned)))
+    assert main(["resume", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name}: not signed by your augtune" in err
+    assert not pwned.exists()
+
+
 def test_a_folder_signed_with_another_key_is_refused(tmp_path, monkeypatch, capsys):
     exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "colleague"))
@@ -284,6 +305,32 @@ def test_a_pickle_cut_short_by_a_full_disk_is_taken_whole_from_the_staging_copy_
 
     (staged / state).write_bytes(pickle.dumps({"made": "not signed"}))  # staged, but not by augtune
     (exp / state).write_bytes(b"\x80")
-    finish_interrupted_copy(str(exp))
+    assert finish_interrupted_copy(str(exp)) == []  # not taken: the folder's own bytes stay, and are refused
+    assert (exp / state).read_bytes() == b"\x80"
     with pytest.raises(trust.Untrusted, match="search-then-repeat-state"):
         trust.verify(str(exp))
+
+
+def test_a_driver_killed_in_a_save_resumes_from_the_last_copy_not_the_unsigned_save(tmp_path, monkeypatch):
+    """Killed after Tune wrote its experiment state to staging and before augtune signed it: the staged
+    snapshot is whole but unsigned, and is not copied over the folder's last copy, which is signed (both
+    race tests of the CI hit this once the copy was finished before the check)."""
+    from augtune.search.recovery import finish_interrupted_copy
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    (exp / "tune_trial_a").mkdir()
+    staged = tmp_path / "raytmp" / "ray" / "session_1" / "artifacts" / "2026" / exp.name / "driver_artifacts"
+    (staged / "tune_trial_a").mkdir(parents=True)
+    name = "experiment_state-2026-01-01_00-00-00.json"
+    (staged / name).write_bytes((exp / name).read_bytes())
+    trust.sign(str(staged))
+    trust.sign(str(exp))  # the last save, signed, then copied
+    (staged / name).write_text('{"trial_data": [], "the next save": true}')  # killed before its signature
+    assert finish_interrupted_copy(str(exp)) == []
+    assert (exp / name).read_text() == '{"trial_data": []}'
+    trust.verify(str(exp))
+    trust.sign(str(staged))  # had the save been signed, its copy would be finished
+    assert finish_interrupted_copy(str(exp)) == [str(exp / name)]
+    trust.verify(str(exp))

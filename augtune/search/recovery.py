@@ -93,8 +93,10 @@ def finish_interrupted_copy(experiment: str) -> list[str]:
 
     A file is taken when storage lacks it or holds a strict prefix of it (a copy cut short); `result.json`
     without its partial last line (the driver may have been killed mid-line). Tune's state files are one
-    snapshot: taken together when the staged ones are all complete and at least as new as storage's newest,
-    else none of them."""
+    snapshot: taken together when the staged ones are all complete, signed by this user's augtune and at
+    least as new as storage's newest, else none of them. Unsigned, they are a save the driver was killed
+    in (Tune writes its state, then augtune signs it): the folder's last copy, signed, is the snapshot to
+    resume from (Tune copies only after the signature: `tune_internals.hold_copies_while_saving`)."""
     from augtune.search.storage import names, read_bytes, write_bytes
 
     staged = staging_folder(experiment)
@@ -110,7 +112,7 @@ def finish_interrupted_copy(experiment: str) -> list[str]:
     stored_states = sorted(n for n in names(experiment) if n.startswith(EXPERIMENT_STATE))
     staged_states = sorted(rel for rel, _ in state if rel.startswith(EXPERIMENT_STATE))
     newer = staged_states and (not stored_states or staged_states[-1] >= stored_states[-1])
-    if newer and all(_complete(p) for _, p in state):
+    if newer and all(_complete(p) for _, p in state) and _signed(staged):
         for rel, path in state:
             data = path.read_bytes()
             if read_bytes(experiment, rel) != data:
@@ -123,6 +125,17 @@ def finish_interrupted_copy(experiment: str) -> list[str]:
         if now is None or (len(now) < len(data) and data.startswith(now)):
             written.append(write_bytes(experiment, rel, data))
     return written
+
+
+def _signed(staged: Path) -> bool:
+    """Whether this user's augtune signed the state files staged in `staged` (read, never unpickled)."""
+    from augtune.search.trust import Untrusted, verify
+
+    try:
+        verify(str(staged))
+    except Untrusted:
+        return False
+    return True
 
 
 def _is_state(name: str) -> bool:

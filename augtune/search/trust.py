@@ -1,7 +1,9 @@
 """Signed state: `augtune resume` unpickles only what this user's augtune wrote.
 
 Resuming a search loads Tune's and the searchers' state, which are pickles (`tuner.pkl`, the searchers'
-`*-state-*.pkl`, the cloudpickled fields of `experiment_state-*.json`): whoever wrote them can run code
+`*-state-*.pkl`, Tune's variant and search generators' `basic-variant-state-*.json` and
+`search_gen_state-*.json`, its callbacks' `callback-states-*.pkl`, the cloudpickled fields of
+`experiment_state-*.json`: `STATE_PATTERNS`): whoever wrote them can run code
 in `augtune resume`. A folder copied from a colleague or read from a shared bucket must not be trusted
 for arriving. So every such file augtune writes is signed with a key of the user's own (HMAC-SHA256; the
 key is made on first use, `$XDG_CONFIG_HOME/augtune/state.key`, mode 600 — the pattern Jupyter uses to
@@ -34,7 +36,12 @@ from augtune.config import ConfigError
 
 SIGNATURES = "augtune_state.sig"  # written beside Tune's state where Tune writes it (then copied)
 TUNER_SIGNATURES = "augtune_tuner.sig"  # tuner.pkl's: Tune writes it straight into the experiment
-STATE_PATTERNS = ("tuner.pkl", "*-state-*.pkl", "experiment_state-*.json")
+# every file `resume` unpickles: Tune's tuner, its experiment state (JSON with cloudpickled fields), its
+# variant generator's and search generator's state (cloudpickles named .json), its callbacks' state, every
+# searcher's (`searcher-state-*`, augtune's `entrants-search-state-*`, `search-then-repeat-state-*`)
+STATE_PATTERNS = ("tuner.pkl", "*-state-*.pkl", "callback-states-*.pkl", "experiment_state-*.json",
+                  "basic-variant-state-*.json", "search_gen_state-*.json")
+EXPERIMENT_STATE = "experiment_state-*.json"  # the one state file that is JSON
 KEY_FILE, LEDGER = "state.key", "signed.log"
 LEDGER_KEEP = 200_000  # signatures kept in the ledger (~14 MB); the oldest go first
 
@@ -145,7 +152,7 @@ def _torn_json(name: str, data: bytes) -> bool:
     """A JSON state file that does not parse (cut short by a full disk or a killed copy): nothing in it
     can be unpickled (Tune parses the JSON first, and `resume` mends or refuses such a file), so it is
     not the signature's business. A pickle has no such guard: a cut one still runs its first opcodes."""
-    if not name.endswith(".json"):
+    if not fnmatch(name, EXPERIMENT_STATE):  # Tune's other `.json` state files are pickles
         return False
     try:
         json.loads(data)
