@@ -359,6 +359,8 @@ class SearchConfig:
     repeat_best: RepeatBestConfig = field(default_factory=RepeatBestConfig)
 
 
+# search.scheduler values under which each trial trains under a schedule of values (a PBT population)
+SCHEDULES = ("pbt", "pb2")
 VARY = ("init", "split")  # what a compare's repeat seeds may vary (compare.vary)
 SPLIT_VARIES_BELOW = 5000  # compare.vary's default varies the split of test splits smaller than this
 

@@ -18,7 +18,7 @@ from conftest import TINY_CNN
 def digits_cfg(**sections):
     data = {
         "dataset": {"name": "digits", "max_train": 256, "max_test": 128},
-        "model": TINY_CNN,
+        "model": dict(TINY_CNN),  # a copy: `sections` update it
         "method": {"queue_size": 128},
         "train": {"epochs": 3, "batch_size": 64, "lr": 1e-3, "warmup_epochs": 1},
         "eval": {"every": 1, "epoch_metrics": ["knn"], "metrics": ["knn"], "references": False},
@@ -48,7 +48,7 @@ def test_stop_and_continue_from_checkpoint_is_bitwise_identical(tmp_path, digits
     first = Trainer(cfg, digits)
     first.fit(tmp_path / "ckpt.pt", stop_after=2)
     torch.manual_seed(12345)  # the process's RNG moves on; the checkpoint must restore it
-    second = Trainer(cfg, digits)
+    second = Trainer(cfg, digits, restoring=True)  # as a resumed trial: initial weights not drawn
     second.load_checkpoint(tmp_path / "ckpt.pt")
     assert second.epoch == 2
     second.fit(tmp_path / "ckpt.pt")
@@ -173,6 +173,35 @@ def test_record_holds_provenance_and_per_epoch_metrics(tmp_path, digits):
     assert set(record["references"]) == {"raw", "random-init"}
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint.pt").is_file()
     assert len(lines) == 3 and lines[0].startswith("epoch 1/3")
+
+
+@pytest.mark.parametrize(("backbone", "augment"), [("resnet18", "none")] + [
+    ("cnn", a) for a in ("none", "pinda", "nrcc", "cocor", "diffaug")])
+def test_a_restoring_trainer_leaves_only_parameters_undrawn_and_a_load_makes_it_the_same_run(
+        tmp_path, digits, backbone, augment):
+    """`restoring=True` (a resumed or PBT-exploited trial) skips the initial fills of parameters only:
+    they differ before the load, every buffer the checkpoint does not hold is drawn as usual, and after
+    the load the two trainers hold the same state and train the same next epoch (on vectors, every
+    method and base: tests/test_pbt.py's exploit test, through the trial's own path)."""
+    model = TINY_CNN if backbone == "cnn" else {**TINY_CNN, "backbone": "resnet18", "width": 4}
+    cfg = digits_cfg(model=model, method={"base": "moco", "augment": [] if augment == "none" else [augment]},
+                     train={"epochs": 2}, cocor={"label_fraction": 0.2, "meta_batch": 16},
+                     diffaug={"steps": 20, "sample_steps": 5, "gen_hidden": 32})
+    fresh, restored = Trainer(cfg, digits), Trainer(cfg, digits, restoring=True)
+    params = dict(restored.method.named_parameters())
+    large = [k for k, p in fresh.method.named_parameters() if p.numel() > 16]  # not a constant 0 or 1 fill
+    differ = [k for k in large if not torch.equal(fresh.method.get_parameter(k), params[k])]
+    assert len(differ) >= len(large) // 2, (differ, large)  # undrawn: whatever memory held, not a like draw
+    unsaved = [k for k, _ in fresh.method.named_buffers() if k not in fresh.method.state_dict()]
+    buffers = dict(restored.method.named_buffers())
+    assert all(torch.equal(b, buffers[k]) for k, b in fresh.method.named_buffers() if k in unsaved), unsaved
+    fresh.save_checkpoint(tmp_path / "c.pt")
+    a = weights(fresh)
+    loss = fresh.train_epoch()["loss"] if augment in ("none", "pinda") else None  # the others: seconds
+    restored.load_checkpoint(tmp_path / "c.pt")  # the process's RNG as it was at the save, too
+    b = weights(restored)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert loss is None or restored.train_epoch()["loss"] == loss
 
 
 def test_checkpoint_loads_with_weights_only(tmp_path, digits):

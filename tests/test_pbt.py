@@ -522,6 +522,50 @@ def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the
     assert "<h2>Schedules</h2>" in page and "simclr+pinda@pbt: each trial&#x27;s schedule" in page
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_race_runs_a_pbt_entrants_best_schedules_beside_the_constants_finalists(tmp_path):
+    """`compare.race` with `compare.scheduler: [asha, pbt]`: the PBT entrant's finalists are its best
+    trials' schedules, each replayed from scratch on every seed the race gives it (its epochs' values
+    are the schedule's), beside the constant's finalists; the verdict reads the race and says whether
+    the schedule beats the constant."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from augtune.records import knob_schedule
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
+        "model": TINY_MLP,
+        "train": {"epochs": 4, "batch_size": 32, "num_threads": 1},
+        "eval": {"metrics": ["knn"]},
+        "resources": {"cpus_per_worker": 0.5},
+        "search": {"pbt": {"interval": 2, "quantile": 0.5}},
+        "compare": {"methods": ["base"], "scheduler": ["asha", "pbt"], "trials": 3, "metrics": ["knn_acc"],
+                    "race": {"enabled": True, "min_seeds": 2, "max_seeds": 3, "finalists": 2}},
+    }))
+    run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", "c.yaml", "--storage", "res",
+                          "--name", "exp"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    exp = tmp_path / "res" / "exp"
+    race = json.loads((exp / "race.json").read_text())
+    schedules = {c["id"]: c["params"].get("schedule") for c in race["candidates"]}
+    pbt = [c for c in schedules if c.startswith("simclr@pbt#")]
+    assert pbt and all(schedules[c] for c in pbt)  # the PBT entrant's finalists: schedules
+    assert all(schedules[c] is None for c in schedules if c.startswith("simclr#"))  # the constant's: none
+    assert len({json.dumps(schedules[c]) for c in pbt}) == len(pbt)  # distinct schedules, distinct candidates
+    repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]
+    replays = [r for r in repeats if r["entrant"] == "simclr@pbt"]
+    assert {r["candidate"] for r in replays} == set(pbt) and len(replays) >= 2 * len(pbt)
+    for r in replays:  # each run trained under its candidate's schedule, from epoch 1, on its own seed
+        assert r["params"]["schedule"] == schedules[r["candidate"]] == knob_schedule(r["epochs"])
+    assert len({(r["candidate"], r["seed"]) for r in repeats}) == len(repeats)  # nothing run twice
+    assert "race: round 1 (n = 2)" in run.stdout
+    assert "Schedule against constant: knn_acc: simclr@pbt" in run.stdout
+
+
 def test_a_paused_trial_least_far_along_runs_first_so_a_donor_is_not_starved_by_its_copy():
     """Pending trials first, in order; then the paused one whose last result is the earliest epoch (the
     copy of a paused donor has trained further than the donor: the donor goes first)."""

@@ -150,6 +150,42 @@ def test_one_entrant_has_no_race_but_its_round_one(tmp_path):
     assert choose([], [_ended(r, {"a#1": 0.9, "a#2": 0.8}, i) for i, r in enumerate(runs)]) == ([], True)
 
 
+def test_a_pbt_entrant_races_its_best_schedules_each_replayed_from_scratch(tmp_path):
+    """A PBT entrant's finalists are its best trials' schedules (the values each epoch trained under, the
+    donors' epochs included), each a candidate of its own; a constant's finalists carry none. The race
+    treats them as any candidate: the best schedule can separate itself from the constant."""
+    def pbt_trial(name: str, lrs: list[float], value: float) -> None:
+        (tmp_path / "pbt" / name).mkdir(parents=True)
+        record = {"format": "augtune.record/1", "status": "completed", "params": {"train.lr": lrs[-1]},
+                  "config": {"search": {"scheduler": "pbt"}},
+                  "epochs": [{"epoch": i, "knn_acc": value, "knobs": {"train.lr": lr}}
+                             for i, lr in enumerate(lrs, 1)]}
+        (tmp_path / "pbt" / name / "record.json").write_text(json.dumps(record))
+
+    pbt_trial("t0", [0.1, 0.1, 0.3, 0.3], 0.9)
+    pbt_trial("t1", [0.3, 0.3, 0.3, 0.3], 0.85)  # the same last value, another schedule: another candidate
+    pbt_trial("t2", [0.1, 0.1, 0.3, 0.3], 0.8)  # t0's schedule again: not a third finalist
+    _search_records(tmp_path / "asha", {0.1: 0.9, 0.2: 0.8})
+    cfg = load_config(None, ["compare.race.enabled=true", "compare.race.min_seeds=3",
+                             "compare.race.max_seeds=6", "train.seed=10"])
+    choose = RaceOfFinalists((("simclr", str(tmp_path / "asha"), "simclr", ()),
+                              ("simclr@pbt", str(tmp_path / "pbt"), "simclr", ())),
+                             "knn_acc", "max", to_dict(cfg)["compare"], 10, str(tmp_path))
+    runs, _ = choose([], [])
+    first = {r[CANDIDATE]: r[REPEAT] for r in runs}
+    assert set(first) == {"simclr#1", "simclr#2", "simclr@pbt#1", "simclr@pbt#2"}
+    assert first["simclr@pbt#1"]["schedule"] == [{"epoch": 1, "set": {"train.lr": 0.1}},
+                                                 {"epoch": 3, "set": {"train.lr": 0.3}}]
+    assert first["simclr@pbt#2"]["schedule"] == [{"epoch": 1, "set": {"train.lr": 0.3}}]
+    assert "schedule" not in first["simclr#1"] and "schedule" not in first["simclr#2"]
+    assert {r[ENTRANT] for r in runs if r[CANDIDATE].startswith("simclr@pbt")} == {"simclr@pbt"}
+    means = {"simclr#1": 0.80, "simclr#2": 0.79, "simclr@pbt#1": 0.90, "simclr@pbt#2": 0.70}
+    rounds, _ = _run_race(choose, means)
+    ended = [_ended(r, means, i) for i, r in enumerate(sum(rounds, []))]
+    state = choose.state(ended)
+    assert state.stopped == "separated" and [c.id for c in state.racing] == ["simclr@pbt#1"]
+
+
 def test_the_finalists_are_the_best_distinct_configurations_ties_to_the_first(tmp_path):
     _search_records(tmp_path / "e", {0.1: 0.8, 0.2: 0.9, 0.3: 0.8, 0.4: 0.5})
     assert top_of(tmp_path / "e", "knn_acc", "max", 3) == [{"train.lr": 0.2}, {"train.lr": 0.1},

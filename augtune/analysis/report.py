@@ -21,6 +21,7 @@ import numpy as np
 
 from augtune.analysis.race import RaceState
 from augtune.analysis.verdict import Verdict
+from augtune.config import SCHEDULES
 from augtune.records import COMPARE_REPEAT, RECORD_FILE, REPORT_FILE
 
 
@@ -227,7 +228,7 @@ def _schedule_figures(search: list[dict]) -> list[str]:
 
     groups: dict[str, list] = {}
     for r in search:
-        if ((r.get("config") or {}).get("search") or {}).get("scheduler") in ("pbt", "pb2"):
+        if ((r.get("config") or {}).get("search") or {}).get("scheduler") in SCHEDULES:
             groups.setdefault(str(r.get("entrant") or r.get("method")), []).append(r)
     out = []
     for name, records in groups.items():

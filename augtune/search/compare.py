@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
+from augtune.config import SCHEDULES, SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import (
     CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
 )
@@ -37,7 +37,6 @@ SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bound
 HELD = ("method.base", "method.augment", "train.epochs", "train.batch_size", "train.seed")
 
 
-SCHEDULES = ("pbt", "pb2")  # compare.scheduler values whose trials train under a schedule of values
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from augtune.config import Config, ConfigError, to_dict
+from augtune.config import SCHEDULES, Config, ConfigError, to_dict
 from augtune.records import REPEAT_DIR, SEARCH_FILE
 from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
                                        clear_lost_start, mark_finished, optuna_storage,
@@ -179,7 +179,7 @@ PBT_CHECKPOINTS = 4
 
 
 def checkpoints_kept(cfg: Config) -> int:
-    pbt = cfg.search.scheduler in ("pbt", "pb2")
+    pbt = cfg.search.scheduler in SCHEDULES
     return max(cfg.search.keep_checkpoints, PBT_CHECKPOINTS) if pbt else cfg.search.keep_checkpoints
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ray.tune.search.sample import Categorical, Float, Integer
 
-from augtune.config import Config, ConfigError, format_value, from_dict, set_values
+from augtune.config import SCHEDULES, Config, ConfigError, format_value, from_dict, set_values
 from augtune.spaces import Space, constants, searched
 from augtune.spaces.grammar import describe, is_grid
 
@@ -42,7 +42,7 @@ LINEAR_STEP = 0.1  # a linear domain's perturbation: this fraction of its range
 
 
 def is_pbt(cfg: Config) -> bool:
-    return cfg.search.scheduler in ("pbt", "pb2")
+    return cfg.search.scheduler in SCHEDULES
 
 
 def live_trials(cfg: Config, slots: int) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Collection, Optional
 
 from augtune.checks import check_config
-from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
+from augtune.config import SCHEDULES, Config, ConfigError, from_dict, load_config, set_values, to_dict
 from augtune.records import read_search_file
 from augtune.search.storage import is_uri
 
@@ -74,7 +74,7 @@ def trial_base(cfg: Config, storage: str) -> dict:
 
     family = next((f for f, names in OUTPUTS.items() if cfg.search.metric in names), None)
     ev, train = cfg.eval, cfg.train
-    if cfg.search.scheduler in ("pbt", "pb2"):  # a checkpoint where PBT may copy the trial
+    if cfg.search.scheduler in SCHEDULES:  # a checkpoint where PBT may copy the trial
         train = replace(train, checkpoint_every=cfg.search.pbt.interval)
     if family is not None and family not in ev.epoch_metrics:
         ev = replace(ev, epoch_metrics=(*ev.epoch_metrics, family))
@@ -335,7 +335,7 @@ def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
     trials, rb = trials_of(plan), s.repeat_best
     sched = {"asha": f"ASHA (grace {s.grace_period}, reduction {s.reduction_factor}: stops trials early)",
              "none": "none (every trial runs every epoch)"}.get(s.scheduler, s.scheduler)
-    if s.scheduler in ("pbt", "pb2"):
+    if s.scheduler in SCHEDULES:
         from augtune.search.pbt import describe_pbt
 
         sched = describe_pbt(cfg)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from augtune.config import SCHEDULES
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
                              REPEAT, REPEAT_DIR, JSONFileError, read_json,
                              read_search_file)
@@ -154,7 +155,7 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
 def _exploits(record: dict) -> Optional[int]:
     config = record.get("config")
     search = config.get("search") if isinstance(config, dict) else None
-    if not isinstance(search, dict) or search.get("scheduler") not in ("pbt", "pb2"):
+    if not isinstance(search, dict) or search.get("scheduler") not in SCHEDULES:
         return None
     count = record.get("exploits") or 0
     return count if isinstance(count, int) else 0

@@ -98,14 +98,15 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
     started = _process_start_s()  # before this trial's own set-up
     start, cpu = time.perf_counter(), time.process_time()
     data = load_dataset(cfg.dataset)
-    trainer = Trainer(cfg, data, rank=rank, world_size=world_size, log=lambda s: None)
+    ckpt = get_checkpoint()
+    trainer = Trainer(cfg, data, rank=rank, world_size=world_size, log=lambda s: None,
+                      restoring=ckpt is not None)
     # data and model; and what the process spent before its first trial (CPU: see _process_start_s)
     trainer.seconds.update(setup=time.perf_counter() - start, start=started)
     trainer.cpu_seconds.update(setup=time.process_time() - cpu, start=started)
     record = start_record(cfg)
     record.data.update(about or {})  # what the search knows of this trial: its parameters, its phase
     remote = folder is not None and folder.uri is not None  # a trial in cloud storage: waits out outages
-    ckpt = get_checkpoint()
     copied = False  # a PBT exploit: another trial's checkpoint, continued here
     if ckpt is not None:
         with _checkpoint_folder(ckpt, remote) as d:
