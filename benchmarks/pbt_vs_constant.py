@@ -12,8 +12,10 @@ the schedule against the constant. The whole compare is repeated per search seed
 
 It prints, per entrant: the repeat's k-NN accuracy on the test split (mean over its 3 seeds) per search
 seed, the mean ± std over the search seeds, the best search trial's validation k-NN (for the PBT
-entrant: the trial whose schedule was replayed) and the CPU seconds its search spent (its trials' own,
-pauses and exploits included; Ray's driver not); then each seed's schedule-against-constant sentence.
+entrant: the trial whose schedule was replayed), the repeat's own validation k-NN (mean ± std over the
+search seeds of each seed's mean: the replay against the trial it replays, on the same split) and the
+CPU seconds its search spent (its trials' own, pauses and exploits included; Ray's driver not); then
+each seed's schedule-against-constant sentence.
 About 8 minutes a seed on digits (two busy cores).
 """
 from __future__ import annotations
@@ -37,20 +39,28 @@ def config(dataset: str, seed: int, trials: int, epochs: int, interval: int, max
         "train": {"epochs": epochs, "batch_size": 128, "seed": 100 * seed},
         "eval": {"metrics": ["knn", "linear"]},
         "search": {"seed": seed, "pbt": {"interval": interval, "quantile": 0.25}},
+        # the repeat as a race that cannot eliminate (3 seeds, one finalist): the fixed design's runs,
+        # trained without the validation split and scored on it too, so the replay's validation k-NN is
+        # like for like with the PBT trial's
         "compare": {"methods": ["pinda", "cocor"], "scheduler": ["asha", "pbt"], "trials": trials,
-                    "seeds": 3, "metrics": ["knn_acc"]},
+                    "metrics": ["knn_acc"], "race": {"enabled": True, "finalists": 1, "min_seeds": 3,
+                                                     "max_seeds": 3}},
     }
 
 
 def summary(exp) -> tuple[dict, str]:
-    """{entrant: (repeat mean, best search trial's validation k-NN, its search's CPU seconds)}, the
-    schedule sentence."""
+    """{entrant: (repeat mean, best search trial's validation k-NN, its search's CPU seconds, the repeat's
+    validation k-NN)}, the schedule sentence."""
     v = exp.verdict()
     cpu: dict = {}
     best: dict = {}
+    replay: dict = {}
     for r in exp.records():
         name = r.get("entrant") or r.get("method")
         if r.get("phase") != "search":
+            value = (r.get("final") or {}).get("val_knn_acc")
+            if isinstance(value, float):
+                replay.setdefault(name, []).append(value)
             continue
         parts = r.get("cpu_seconds") or {}  # by part: train, eval, references, checkpoint, ...
         cpu[name] = cpu.get(name, 0.0) + sum(float(v) for v in parts.values())
@@ -59,7 +69,9 @@ def summary(exp) -> tuple[dict, str]:
             if last:
                 best[name] = max(best.get(name, 0.0), last[-1])
     rows = {row.entrant: (row.cells["knn_acc"].mean, best.get(row.entrant, float("nan")),
-                          cpu.get(row.entrant, 0.0)) for row in v.rows}
+                          cpu.get(row.entrant, 0.0),
+                          statistics.fmean(replay[row.entrant]) if row.entrant in replay else float("nan"))
+            for row in v.rows}
     said = next((s for s in v.sentences() if s.startswith("Schedule against constant")), "")
     return rows, said
 
@@ -93,16 +105,20 @@ def main() -> None:
     names = list(per_seed[0])
     print(f"\n{args.dataset}, {args.trials} trials x {args.epochs} epochs per entrant, PBT every "
           f"{args.interval} epochs; k-NN accuracy (%) of each entrant's best re-run on 3 seeds (test split)")
-    head = ["entrant", *(f"seed {s}" for s in args.seeds), "mean ± std", "best trial (val)", "search CPU s"]
+    head = ["entrant", *(f"seed {s}" for s in args.seeds), "mean ± std", "best trial (val)", "replay (val)",
+            "search CPU s"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in names:
         means = [100 * rows[name][0] for rows in per_seed if name in rows]
         spread = f"{statistics.fmean(means):.2f} ± {statistics.stdev(means):.2f}" if len(means) > 1 \
             else f"{means[0]:.2f}"
         val = statistics.fmean(100 * rows[name][1] for rows in per_seed if name in rows)
+        again = [100 * rows[name][3] for rows in per_seed if name in rows]
+        again_s = f"{statistics.fmean(again):.2f} ± {statistics.stdev(again):.2f}" if len(again) > 1 \
+            else f"{again[0]:.2f}"
         cpu = statistics.fmean(rows[name][2] for rows in per_seed if name in rows)
         cells = " | ".join(f"{m:.2f}" for m in means)
-        print(f"| {name} | {cells} | {spread} | {val:.2f} | {cpu:.0f} |")
+        print(f"| {name} | {cells} | {spread} | {val:.2f} | {again_s} | {cpu:.0f} |")
     print()
     for s in sentences:
         print(s)
