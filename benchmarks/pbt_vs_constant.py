@@ -76,6 +76,11 @@ def summary(exp) -> tuple[dict, str]:
     return rows, said
 
 
+def mean_sd(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 \
+        else f"{values[0]:.2f}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="digits")
@@ -110,15 +115,11 @@ def main() -> None:
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in names:
         means = [100 * rows[name][0] for rows in per_seed if name in rows]
-        spread = f"{statistics.fmean(means):.2f} ± {statistics.stdev(means):.2f}" if len(means) > 1 \
-            else f"{means[0]:.2f}"
         val = statistics.fmean(100 * rows[name][1] for rows in per_seed if name in rows)
         again = [100 * rows[name][3] for rows in per_seed if name in rows]
-        again_s = f"{statistics.fmean(again):.2f} ± {statistics.stdev(again):.2f}" if len(again) > 1 \
-            else f"{again[0]:.2f}"
         cpu = statistics.fmean(rows[name][2] for rows in per_seed if name in rows)
         cells = " | ".join(f"{m:.2f}" for m in means)
-        print(f"| {name} | {cells} | {spread} | {val:.2f} | {again_s} | {cpu:.0f} |")
+        print(f"| {name} | {cells} | {mean_sd(means)} | {val:.2f} | {mean_sd(again)} | {cpu:.0f} |")
     print()
     for s in sentences:
         print(s)
