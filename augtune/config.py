@@ -161,7 +161,9 @@ class TrainConfig:
     num_threads: Optional[int] = _f(None, min=1)  # torch intra-op threads; None: torch's choice
     # GPU switches, numerically the same training (tested on the CPU; their speed-up measured only on a GPU):
     channels_last: bool = False  # images in NHWC memory order: faster convolutions on tensor cores
-    compile: bool = False  # torch.compile of the backbone (nn.Module.compile: checkpoints keep their keys)
+    # torch.compile of the backbone (nn.Module.compile: checkpoints keep their keys); true is torch's default
+    # mode, a mode name passes it on (reduce-overhead: CUDA graphs, for a step bound by kernel launches)
+    compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune"]] = False
 
 
 @dataclass(frozen=True)

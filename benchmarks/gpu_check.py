@@ -14,9 +14,10 @@ that runs past it):
   below); on a GPU, the host-to-device copies the profiler sees while they run (0 expected) and
   their largest difference from the same views made on the CPU with the same parameters.
 - resnet18: SimCLR with the CIFAR-stem ResNet-18 on CIFAR-shaped synthetic uint8 images (50 000 of
-  3x32x32, batch 512; no download), the real `Trainer.train_epoch`, in four variants: fp32 (with
+  3x32x32, batch 512; no download), the real `Trainer.train_epoch`, in five variants: fp32 (with
   torch's default TF32 settings), bf16 (autocast, `train.precision: bf16`), bf16 + channels_last
-  (`train.channels_last`), bf16 + channels_last + compile (`train.compile`). Per variant: samples/s
+  (`train.channels_last`), bf16 + channels_last + compile (`train.compile: true`), and the same with
+  CUDA graphs (`train.compile: reduce-overhead`: the step is bound by kernel launches). Per variant: samples/s
   (training images per second; each gives two views), seconds per epoch-equivalent (50 000 /
   samples/s), ms per step, peak GPU memory (GiB), the warm-up's seconds (compilation included).
 - profile: the bf16 + channels_last ResNet-18 step (10 steps after the warm-up) under torch's
@@ -66,7 +67,8 @@ Fields per part (units in the names; null where a device does not have it):
               max_abs_diff_vs_cpu, bitwise_equal_fraction
     resnet18: n, shape, batch, model, steps, variants {VARIANT: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, warmup_s, x_fp32 (speed-up), autocast, channels_last, compile}} for
-              VARIANT in fp32, bf16, bf16_cl, bf16_cl_compile (a failed one: {"error": str})
+              VARIANT in fp32, bf16, bf16_cl, bf16_cl_compile, bf16_cl_graphs (a failed one:
+              {"error": str})
     profile:  variant, batch, steps, step_ms (unprofiled), profiled_step_ms, gpu_busy_ms,
               gpu_busy_fraction, kernels_per_step, views_host_ms, views_gpu_ms, top_gpu and
               top_host [{name, ms_per_step, calls_per_step}] (GPU fields null on a CPU)
@@ -115,6 +117,7 @@ VARIANTS = {  # name -> train section
     "bf16": {"precision": "bf16"},
     "bf16_cl": {"precision": "bf16", "channels_last": True},
     "bf16_cl_compile": {"precision": "bf16", "channels_last": True, "compile": True},
+    "bf16_cl_graphs": {"precision": "bf16", "channels_last": True, "compile": "reduce-overhead"},
 }
 METHODS = {  # name -> config sections added to the base's
     "pinda": {"method": {"augment": ["pinda"]}},
@@ -454,7 +457,7 @@ def part_resnet18(check: Check) -> dict:
         "variants": {},
     }
     for name, train in VARIANTS.items():
-        if check.remaining() < (90 if "compile" in name and not sizes.tiny else 5):
+        if check.remaining() < (90 if train.get("compile") and not sizes.tiny else 5):
             out["variants"][name] = {"error": "time guard: skipped"}
             continue
         try:
@@ -465,7 +468,7 @@ def part_resnet18(check: Check) -> dict:
             m.update(
                 autocast=trainer.bf16,
                 channels_last=bool(train.get("channels_last")),
-                compile=bool(train.get("compile")),
+                compile=train.get("compile", False),  # false, true (torch's default mode) or a mode
             )
             out["variants"][name] = m
         except Exception as e:  # one variant failing (compile, say) leaves the others

@@ -22,6 +22,14 @@ def test_round_trip_through_dict():
     assert from_dict(to_dict(cfg)) == cfg
 
 
+def test_train_compile_is_a_switch_or_one_of_torchs_modes(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {compile: true}\n")
+    assert load_config(path).train.compile is True
+    assert load_config(path, ["train.compile=reduce-overhead"]).train.compile == "reduce-overhead"
+    assert load_config(path, ["train.compile=false"]).train.compile is False
+
+
 def test_overrides_by_dotted_name_parse_yaml_scalars_and_lists(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  lr: 1e-3\n  epochs: 4\nview:\n  crop_scale: [0.3, 1.0]\n")
@@ -57,6 +65,7 @@ def test_overrides_by_dotted_name_parse_yaml_scalars_and_lists(tmp_path):
     ({}, ["train.lr.x=1"], "train.lr: expected a number"),
     ({"train": {"lr": 0.1}}, ["train.lr.x=1"], "train.lr: is a value"),
     ({}, ["dataset.name=arrays"], "dataset.path: the `arrays` dataset needs"),
+    ({}, ["train.compile=fast"], "train.compile: expected true or false or one of 'default', 'reduce"),
 ])
 def test_bad_configs_are_refused_with_one_line_naming_the_key(tmp_path, data, overrides, message):
     import yaml

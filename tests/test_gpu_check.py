@@ -109,7 +109,7 @@ def test_the_tiny_check_runs_every_part_on_the_cpu(tmp_path):
     assert list(parts) == ["env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp"]
     assert not failed, failed
     variants = parts["resnet18"]["variants"]
-    assert list(variants) == ["fp32", "bf16", "bf16_cl", "bf16_cl_compile"]
+    assert list(variants) == ["fp32", "bf16", "bf16_cl", "bf16_cl_compile", "bf16_cl_graphs"]
     assert all(v["samples_per_s"] > 0 and v["epoch_s"] > 0 for v in variants.values()), variants
     runs = parts["methods"]["runs"]
     assert list(runs) == ["simclr", "pinda", "cocor", "nrcc", "diffaug_B", "diffaug_A"]

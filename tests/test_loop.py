@@ -378,6 +378,14 @@ def test_channels_last_trains_the_same_numbers(digits):
     assert [h["loss"] for h in nhwc.history] == pytest.approx([h["loss"] for h in plain.history], rel=1e-4)
 
 
+@pytest.mark.parametrize("switch,kwargs", [(True, {}), ("reduce-overhead", {"mode": "reduce-overhead"})])
+def test_train_compile_compiles_the_backbone_alone_in_the_mode_asked(monkeypatch, digits, switch, kwargs):
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **k: calls.append((self, k)))
+    trainer = Trainer(digits_cfg(train={"epochs": 1, "compile": switch}), digits)
+    assert calls == [(trainer.method.objective.encoder.backbone, kwargs)]
+
+
 @pytest.mark.slow
 def test_compiled_backbone_trains_the_same_numbers_and_keeps_checkpoint_keys(tmp_path, digits):
     plain = Trainer(digits_cfg(train={"epochs": 1}), digits)

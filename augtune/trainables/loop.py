@@ -174,7 +174,8 @@ class Trainer:
         if self.memory_format is not None:
             self.method = self.method.to(memory_format=self.memory_format)
         if t.compile:
-            self.method.objective.encoder.backbone.compile()
+            mode = {} if t.compile is True else {"mode": t.compile}
+            self.method.objective.encoder.backbone.compile(**mode)
         self.view = build_view(cfg.view, data.modality, tuple(data.shape)).to(self.device)
         self.x_train = on_device(x_fit, self.device)  # uint8 images: float per batch; streamed files stay
         self.y_train = y_fit.to(self.device)
