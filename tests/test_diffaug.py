@@ -362,6 +362,28 @@ def test_replaced_positives_are_generated_samples_at_rate_lambda(digits):
     assert aug.transform(Batch(x=x, views=[v0, v1], index=idx), method, b_info).views[1] is v1  # no swap in B
 
 
+def test_the_refresh_runs_in_the_trainings_precision(digits, monkeypatch):
+    """The positives' refresh runs its denoiser under bf16 autocast where the steps do (a GPU's
+    default) and in float32 where they do not; the positives are float32 either way. On the CPU the
+    trainer's switch is set by hand: the same code path with the CPU's autocast."""
+    trainer = Trainer(_cfg(lam=0.2), digits, log=lambda s: None)
+    trainer.fit(stop_after=2)  # A then B: the generator has been trained
+    method, aug = trainer.method, trainer.method.augments[0]
+    seen = []
+    aug.ema_generator.register_forward_hook(
+        lambda module, args, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    for autocast in (False, True):
+        seen.clear()
+        method.on_epoch_start(StepInfo(2, trainer.global_step, trainer.total_steps, "A", autocast=autocast))
+        assert seen and set(seen) == {(autocast, torch.bfloat16 if autocast else torch.float32)}
+        assert aug.positives.dtype == torch.float32 and torch.isfinite(aug.positives).all()
+    infos = []
+    monkeypatch.setattr(method, "on_epoch_start", infos.append)
+    trainer.bf16 = True  # the loop hands its precision to the epoch's set-up
+    trainer.train_epoch()
+    assert [i.autocast for i in infos] == [True]
+
+
 def test_sync_trains_both_every_step_and_lambda_zero_never_generates(digits):
     trainer = Trainer(_cfg(schedule="sync", lam=0.0), digits, log=lambda s: None)
     trainer.fit(stop_after=2)

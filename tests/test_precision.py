@@ -185,52 +185,73 @@ def nrcc_trained(request):
     })
 
 
+SGHMC_ARGS = dict(delta1=0.1, delta2=0.05, delta3=0.0, steps=3, grad_clip=1.0)
+
+
+def _sghmc_agrees(got: torch.Tensor, seed: torch.Tensor, x: torch.Tensor, p0: torch.Tensor, o64) -> int:
+    """Assert that `got` (SGHMC's gradient part of x^c in a lower precision) is the float64 chain's, per
+    sample, to 1e-4 relative; return how many samples sit at a kink. A sample whose float64 chain jumps
+    when its start moves by 1e-7 (a ReLU or max-pool switching: the CNN is piecewise linear) has two
+    right answers; there `got` must equal the float64 chain from one of four such starts."""
+    density = NRCC.density(o64, x.double())
+    ref = sghmc(seed.double(), density, p0=p0.double(), **SGHMC_ARGS)[1]
+
+    def rel(a):
+        return (got.cpu().double() - a).flatten(1).norm(dim=1) / a.flatten(1).norm(dim=1)
+
+    off = rel(ref) > 1e-4
+    if off.any():
+        g = torch.Generator().manual_seed(0)
+        moved = [sghmc(seed.double() + 1e-7 * torch.randn(seed.shape, generator=g, dtype=torch.float64),
+                       density, p0=p0.double(), **SGHMC_ARGS)[1] for _ in range(4)]
+        nearest = torch.stack([rel(m) for m in moved]).min(0).values
+        assert (nearest[off] < 1e-4).all(), (rel(ref)[off], nearest[off])
+    return int(off.sum())
+
+
 def test_sghmc_density_gradient_in_float32_and_bf16_is_the_float64_one(nrcc_trained):
     """20 batches of 64 from a model trained 24 steps: SGHMC without noise (delta3 = 0, a given p0,
     3 steps); its gradient part of x^c matches the float64 chain's per sample to 1e-4 relative, in
     float32 and under bf16 autocast (measured: 1.2e-5; before SGHMC took the gradient in IEEE
-    float32, bf16 autocast put it off by up to 190%, 1-9% in the median sample)."""
+    float32, bf16 autocast put it off by up to 190%, 1-9% in the median sample). A sample at a kink
+    matches the float64 chain from a start 1e-7 away (one of 1280 in byol-cnn trained on one thread:
+    5.3% from the first float64 chain, which itself moves 5.3% when its start moves by 1e-7)."""
     method, data = nrcc_trained
     obj = method.objective.eval()  # as in `negatives`: BatchNorm on running statistics
     o64 = copy.deepcopy(obj).double()
-    args = dict(delta1=0.1, delta2=0.05, delta3=0.0, steps=3, grad_clip=1.0)
-    worst = 0.0
+    kinks = 0
     for draw in range(20):
         torch.manual_seed(draw)
         x = as_float(data.x_train[torch.randperm(len(data.x_train))[:64]])
         seed = x[torch.randperm(64)] + 0.1 * torch.randn_like(x)  # a noisy view of another sample
         p0 = torch.randn_like(seed)
-        ref = sghmc(seed.double(), NRCC.density(o64, x.double()), p0=p0.double(), **args)[1]
-        got32 = sghmc(seed, NRCC.density(obj, x), p0=p0, **args)[1]
+        got32 = sghmc(seed, NRCC.density(obj, x), p0=p0, **SGHMC_ARGS)[1]
         with bf16():
-            got16 = sghmc(seed, NRCC.density(obj, x), p0=p0, **args)[1]
+            got16 = sghmc(seed, NRCC.density(obj, x), p0=p0, **SGHMC_ARGS)[1]
         assert torch.equal(got16, got32)  # the density's gradient is taken outside autocast
-        err = (got32.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)
-        worst = max(worst, float(err.max()))
-    assert worst < 1e-4, worst
+        kinks += _sghmc_agrees(got32, seed, x, p0, o64)
+    assert kinks <= 3  # of 1280: rare, or the chain is not what is being compared
 
 
 @needs_gpu
 def test_sghmc_density_gradient_on_the_gpu_is_the_float64_one(nrcc_trained, tf32_on):
     """The same 20 chains on CUDA under CUDA bf16 autocast with TF32 on, against the float64 chain on
-    the CPU: the gradient part of x^c per sample within 1e-4 relative."""
+    the CPU: the gradient part of x^c per sample within 1e-4 relative (at a kink, of the float64 chain
+    from a start 1e-7 away)."""
     method, data = nrcc_trained
     dev = torch.device("cuda")
     obj = copy.deepcopy(method.objective).eval()
     o64, obj = copy.deepcopy(obj).double(), obj.to(dev)
-    args = dict(delta1=0.1, delta2=0.05, delta3=0.0, steps=3, grad_clip=1.0)
-    worst = 0.0
+    kinks = 0
     for draw in range(20):
         torch.manual_seed(draw)
         x = as_float(data.x_train[torch.randperm(len(data.x_train))[:64]])
         seed = x[torch.randperm(64)] + 0.1 * torch.randn_like(x)
         p0 = torch.randn_like(seed)
-        ref = sghmc(seed.double(), NRCC.density(o64, x.double()), p0=p0.double(), **args)[1]
         with bf16("cuda"):
-            got = sghmc(seed.to(dev), NRCC.density(obj, x.to(dev)), p0=p0.to(dev), **args)[1]
-        err = (got.cpu().double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)
-        worst = max(worst, float(err.max()))
-    assert worst < 1e-4, worst
+            got = sghmc(seed.to(dev), NRCC.density(obj, x.to(dev)), p0=p0.to(dev), **SGHMC_ARGS)[1]
+        kinks += _sghmc_agrees(got, seed, x, p0, o64)
+    assert kinks <= 3
 
 
 def test_nrcc_negatives_under_bf16_autocast_are_finite_and_the_float32_ones(nrcc_trained):

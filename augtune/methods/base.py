@@ -57,7 +57,7 @@ class StepInfo:
     total_steps: int
     phase: str = ""  # named phase of the schedule; "" when the run has one phase
     lr: float = 0.0  # the encoder's learning rate in this step (after warm-up and schedule)
-    autocast: bool = False  # whether the step's forward passes run under bf16 autocast
+    autocast: bool = False  # whether the step's (or the epoch start's) forward passes run under bf16 autocast
 
     @property
     def progress(self) -> float:

@@ -180,7 +180,10 @@ class DiffAug(Augmentation):
         if self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info):
             device = next(self.generator.parameters()).device
             x = as_float(self.x_train.to(device))  # uint8 images: float once per refresh, as the buffer is
-            self.positives = self.generate(method, x)
+            # in the training's precision: the denoiser under bf16 autocast where the steps run so (the chain
+            # itself stays in the schedule's float32; tests/test_precision.py bounds the samples' error)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=info.autocast):
+                self.positives = self.generate(method, x)
             # diagnostic: ~1 when the generated positives have the data's spread; >> 1 flags an
             # under-trained generator whose sampling chain amplified its noise (up to 1/sqrt(abar_T))
             self.meter.set("gen_std_ratio", float(self.positives.std() / x.std().clamp_min(1e-12)))

@@ -296,7 +296,8 @@ class Trainer:
         params = [p for o in active for g in o.param_groups for p in g["params"]]
         update: Update = self._update
         self.method.train()
-        self.method.on_epoch_start(StepInfo(epoch, self.global_step, self.total_steps, phase))
+        opening = StepInfo(epoch, self.global_step, self.total_steps, phase, autocast=self.bf16)
+        self.method.on_epoch_start(opening)
         order = self._order(epoch).to(self.device)
         b_local = t.batch_size // self.world_size
         mine = slice(self.rank * b_local, (self.rank + 1) * b_local)
