@@ -99,6 +99,14 @@ def test_a_pbt_entrants_finalists_are_schedules_and_two_schedules_are_two_config
          "schedule": [{"epoch": 1, "set": {"train.lr": 0.1}}, {"epoch": 3, "set": {"train.lr": 0.2}}]},
         {"train.lr": 0.2, "pinda.mu": "zero", "schedule": [{"epoch": 1, "set": {"train.lr": 0.2}}]},
     ]
+    # a trial that copied b at b's last epoch: b's epochs and score, other values at the end (never
+    # trained under): b's run again, not a second candidate
+    trial("e", [0.2, 0.2, 0.2, 0.2], 0.8)
+    record = json.loads((tmp_path / "e" / "record.json").read_text())
+    (tmp_path / "e" / "record.json").write_text(json.dumps({**record, "params": {"train.lr": 0.24,
+                                                                                 "pinda.mu": "zero"}}))
+    assert top_of(tmp_path, "knn_acc", "max", 3, "simclr+pinda@pbt") == top
+    assert len(top_of(tmp_path, "knn_acc", "max", 3)) == 2  # without a label too
     trial("d", [0.3, 0.3], 0.95, scheduler="asha")  # a constant's trial: its parameters alone
     assert top_of(tmp_path, "knn_acc", "max", 1, "simclr+pinda")[0] == {"train.lr": 0.3, "pinda.mu": "zero"}
     # what a repeat run of it trains: the schedule from epoch 1, on its own seed

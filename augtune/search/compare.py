@@ -348,7 +348,8 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
     """The parameters of the `k` best search trials, best first, from the records on disk: the last value
     of `metric` each trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them; ties go
     to the first record (by folder name). With `label` (the entrant's method), two trials that differ
-    only in keys that method never reads are one configuration, taken once."""
+    only in keys that method never reads are one configuration, taken once; so are two PBT trials with
+    the same schedule (whatever values they ended with: the schedule sets them from epoch 1)."""
     from augtune.config import run_signature
     from augtune.records import read_record
 
@@ -365,7 +366,12 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
     scored.sort(key=lambda vp: vp[0], reverse=mode == "max")  # stable: ties keep the folders' order
     out, seen = [], []
     for _, params in scored:
-        read = run_signature(params, label) if label else params
+        # a schedule's first step sets its keys from epoch 1 on: a PBT trial's values at the end do not
+        # change its replay (a trial that copied its donor at the last epoch is the donor's run again)
+        steps = params.get("schedule") or [{}]
+        ignore = set(steps[0].get("set", {})) if steps[0].get("epoch") == 1 else set()
+        read = (run_signature(params, label, ignore) if label
+                else {k: v for k, v in params.items() if k not in ignore})
         if read not in seen:
             seen.append(read)
             out.append(params)
