@@ -159,7 +159,7 @@ class TrainConfig:
     # `augtune train`, 5min for a search's trials (a checkpoint of a short epoch can cost more than the epoch)
     checkpoint_every: Union[int, str, None] = _f(None, min=0)
     num_threads: Optional[int] = _f(None, min=1)  # torch intra-op threads; None: torch's choice
-    # GPU switches, numerically the same training (tested on the CPU; their speed-up measured only on a GPU):
+    # GPU switches, the same training up to rounding (tested on the CPU; their speed-up measured on a GPU):
     channels_last: bool = False  # images in NHWC memory order: faster convolutions on tensor cores
     # torch.compile of the backbone (nn.Module.compile: checkpoints keep their keys); true is torch's default
     # mode, a mode name passes it on (reduce-overhead: CUDA graphs, for a step bound by kernel launches)
