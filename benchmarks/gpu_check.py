@@ -25,7 +25,8 @@ that runs past it):
   intervals: well under 1 means the host bounds the step), kernels per step, the views' host and
   GPU ms inside the step, and the ten ops with the most GPU time and the most host time.
 - methods: SimCLR alone and with PiNDA (its ResNet-18 generator), CoCor (lengths 1-3, MMNN), NRCC
-  (one SGHMC step), DiffAug (`diffaug.gen_steps: 1`, Alg. 1) in the bf16 + channels_last setting,
+  (one SGHMC step), DiffAug (`diffaug.gen_steps: 1`, Alg. 1) in the bf16 + channels_last setting
+  (`--methods-variant VARIANT` trains them in another of resnet18's variants, `bf16_cl_graphs` say),
   each against the base as the papers' tables give it: `x_base` = the method's epoch-equivalent
   seconds over the base's (what an epoch costs relative to the base). DiffAug is timed per phase
   (B: generator steps; A: encoder steps with generated positives) on 5120 images (ten full
@@ -72,7 +73,7 @@ Fields per part (units in the names; null where a device does not have it):
     profile:  variant, batch, steps, step_ms (unprofiled), profiled_step_ms, gpu_busy_ms,
               gpu_busy_fraction, kernels_per_step, views_host_ms, views_gpu_ms, top_gpu and
               top_host [{name, ms_per_step, calls_per_step}] (GPU fields null on a CPU)
-    methods:  setting, n, batch, steps, runs {NAME: {samples_per_s, epoch_s, step_ms,
+    methods:  setting (the variant), n, batch, steps, runs {NAME: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, x_base}} for NAME in simclr, pinda, cocor, nrcc, diffaug_B, diffaug_A;
               diffaug_A also has refresh_s_per_1000, n_refreshed, and an epoch_s that includes
               the refresh of the 50 000 images
@@ -570,9 +571,10 @@ def part_profile(check: Check) -> dict:
 
 def part_methods(check: Check) -> dict:
     sizes, device = check.sizes, check.args.device
-    train = dict(VARIANTS["bf16_cl"])
+    variant = getattr(check.args, "methods_variant", "bf16_cl")
+    train = dict(VARIANTS[variant])
     out = {
-        "setting": "bf16 + channels_last",
+        "setting": variant,
         "n": sizes.n,
         "batch": sizes.batch,
         "steps": sizes.method_steps,
@@ -586,13 +588,14 @@ def part_methods(check: Check) -> dict:
             continue
         try:
             reset_peak(torch.device(device))
-            if name == "diffaug":
-                runs.update(diffaug_runs(sizes, device, train))
-                continue
-            trainer = Trainer(
-                config(sizes, device, train, METHODS.get(name)), data, log=lambda s: None
-            )
-            runs[name] = measure(trainer, sizes, sizes.method_steps, sizes.n)
+            with eager_compile(sizes.tiny):
+                if name == "diffaug":
+                    runs.update(diffaug_runs(sizes, device, train))
+                    continue
+                trainer = Trainer(
+                    config(sizes, device, train, METHODS.get(name)), data, log=lambda s: None
+                )
+                runs[name] = measure(trainer, sizes, sizes.method_steps, sizes.n)
         except Exception as e:
             runs[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         finally:
@@ -1065,6 +1068,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", help="the JSON file (rewritten after every part)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="global time guard, seconds")
     ap.add_argument("--only", help="comma-separated parts to run (default: all)")
+    ap.add_argument(
+        "--methods-variant",
+        default="bf16_cl",
+        choices=tuple(VARIANTS),
+        help="the resnet18 variant the methods part trains in (default bf16_cl)",
+    )
     args = ap.parse_args(argv)
     check = Check(args)
     check.sizes = Sizes(args.tiny)
