@@ -67,14 +67,15 @@ Fields per part (units in the names; null where a device does not have it):
               kernels (launched by one call),
               max_abs_diff_vs_cpu, bitwise_equal_fraction
     resnet18: n, shape, batch, model, steps, variants {VARIANT: {samples_per_s, epoch_s, step_ms,
-              peak_mem_gib, warmup_s, x_fp32 (speed-up), autocast, channels_last, compile}} for
+              peak_mem_gib, warmup_s, loss (the measured epoch's mean), x_fp32 (speed-up),
+              autocast, channels_last, compile}} for
               VARIANT in fp32, bf16, bf16_cl, bf16_cl_compile, bf16_cl_graphs (a failed one:
               {"error": str})
     profile:  variant, batch, steps, step_ms (unprofiled), profiled_step_ms, gpu_busy_ms,
               gpu_busy_fraction, kernels_per_step, views_host_ms, views_gpu_ms, top_gpu and
               top_host [{name, ms_per_step, calls_per_step}] (GPU fields null on a CPU)
     methods:  setting (the variant), n, batch, steps, runs {NAME: {samples_per_s, epoch_s, step_ms,
-              peak_mem_gib, x_base}} for NAME in simclr, pinda, cocor, nrcc, diffaug_B, diffaug_A;
+              peak_mem_gib, loss, x_base}} for NAME in simclr, pinda, cocor, nrcc, diffaug_B, diffaug_A;
               diffaug_A also has refresh_s_per_1000, n_refreshed, and an epoch_s that includes
               the refresh of the 50 000 images
     share:    how ("processes"), config, measure_s, alone {samples_per_s}, shared {processes,
@@ -308,7 +309,7 @@ def timed_epoch(trainer: Trainer, steps: int) -> float:
     trainer.steps_per_epoch = steps
     sync(trainer.device)
     t0 = time.perf_counter()
-    trainer.train_epoch()
+    trainer.last_metrics = trainer.train_epoch()  # measure() reports its loss
     sync(trainer.device)
     return time.perf_counter() - t0
 
@@ -325,6 +326,7 @@ def measure(trainer: Trainer, sizes: Sizes, steps: int, n: int) -> dict:
         "step_ms": round(1e3 * wall / steps, 2),
         "peak_mem_gib": peak_gib(trainer.device),
         "warmup_s": round(warm, 2),
+        "loss": round(float(trainer.last_metrics["loss"]), 4),  # same seed: variants comparable
     }
 
 
@@ -600,6 +602,7 @@ def part_methods(check: Check) -> dict:
             runs[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         finally:
             trainer = None
+            torch.compiler.reset()  # each method compiles afresh (dynamo's caches are per code object)
             free_memory()
     base = runs.get("simclr", {}).get("epoch_s")
     for r in runs.values():

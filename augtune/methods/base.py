@@ -143,8 +143,14 @@ class Encoder(nn.Module):
             "std", torch.tensor(std).view(shape) if std else torch.ones(()), persistent=False
         )
 
+    # set by the loop under `train.compile: reduce-overhead`: a CUDA graph's replay writes its outputs
+    # into the same memory, so a method that calls the backbone again while it still holds an earlier
+    # output (CoCor's composites, NRCC's chain) needs its own copy
+    clone_outputs = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backbone((x - self.mean) / self.std)
+        y = self.backbone((x - self.mean) / self.std)
+        return y.clone() if self.clone_outputs else y
 
 
 class Objective(nn.Module):

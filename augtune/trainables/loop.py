@@ -176,6 +176,9 @@ class Trainer:
         if t.compile:
             mode = {} if t.compile is True else {"mode": t.compile}
             self.method.objective.encoder.backbone.compile(**mode)
+        # CUDA graphs (reduce-overhead): each step opens a new generation of the graphs' memory
+        self.graphs = t.compile == "reduce-overhead" and self.device.type == "cuda"
+        self.method.objective.encoder.clone_outputs = self.graphs
         self.view = build_view(cfg.view, data.modality, tuple(data.shape)).to(self.device)
         self.x_train = on_device(x_fit, self.device)  # uint8 images: float per batch; streamed files stay
         self.y_train = y_fit.to(self.device)
@@ -317,6 +320,8 @@ class Trainer:
             info = StepInfo(epoch, self.global_step, self.total_steps, phase, lr=self._encoder_lr(),
                             autocast=self.bf16)
             self._check_finite(pending)  # the last step's, now that this step's views are queued
+            if self.graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 loss, terms, batch = self.forward(batch, info)
             pending = (loss.detach(), epoch, i, self.global_step)
