@@ -386,6 +386,50 @@ def test_train_compile_compiles_the_backbone_alone_in_the_mode_asked(monkeypatch
     assert calls == [(trainer.method.objective.encoder.backbone, kwargs)]
 
 
+def test_cuda_graphs_open_a_generation_each_step_and_copy_the_encoders_outputs(monkeypatch, digits):
+    """Under `train.compile: reduce-overhead` on a GPU a graph's replay rewrites its outputs in place:
+    every step starts a new generation, and the encoder hands out copies (CoCor and NRCC call it
+    again while holding an earlier output). On the CPU there are no graphs and nothing is copied."""
+    trainer = Trainer(digits_cfg(train={"epochs": 2}), digits)
+    encoder = trainer.method.objective.encoder
+    assert not trainer.graphs and not encoder.clone_outputs
+    backbone_out = []
+    encoder.backbone.register_forward_hook(lambda m, i, o: backbone_out.append(o))
+    x = torch.rand(4, *digits.shape)
+    assert encoder(x) is backbone_out[-1]
+    encoder.clone_outputs = True  # as the loop sets it on a GPU
+    out = encoder(x)
+    assert out is not backbone_out[-1] and torch.equal(out, backbone_out[-1])
+    assert out.data_ptr() != backbone_out[-1].data_ptr()
+    marks = []
+    mark = lambda: marks.append(trainer.global_step)  # noqa: E731
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", mark)
+    trainer.train_epoch()
+    assert marks == []  # off on the CPU
+    trainer.graphs = True
+    trainer.train_epoch()
+    assert marks == list(range(trainer.steps_per_epoch, 2 * trainer.steps_per_epoch))  # once before each step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+@pytest.mark.parametrize("augment", ["none", "pinda", "cocor", "nrcc", "diffaug"])
+def test_cuda_graphs_train_every_method_as_eager_does_on_the_gpu(digits, augment):
+    """`train.compile: reduce-overhead` with every augmentation (CoCor and NRCC call the backbone
+    several times a step; DiffAug also under no_grad at its refresh): it runs, and its losses are
+    eager's up to inductor's rounding."""
+    sections = {"method": {"augment": [] if augment == "none" else [augment]}}
+    if augment == "diffaug":
+        sections["diffaug"] = {"schedule": "B:1,A:1", "gen_steps": 1}
+    losses = {}
+    for switch in (False, "reduce-overhead"):
+        train = {"epochs": 2, "device": "cuda", "precision": "bf16", "compile": switch}
+        trainer = Trainer(digits_cfg(**sections, train=train), digits)
+        trainer.fit()
+        losses[switch] = [h["loss"] for h in trainer.history]
+        torch.compiler.reset()
+    assert losses["reduce-overhead"] == pytest.approx(losses[False], rel=2e-2)
+
+
 @pytest.mark.slow
 def test_compiled_backbone_trains_the_same_numbers_and_keeps_checkpoint_keys(tmp_path, digits):
     plain = Trainer(digits_cfg(train={"epochs": 1}), digits)
