@@ -390,7 +390,7 @@ def test_cuda_graphs_open_a_generation_each_step_and_copy_the_encoders_outputs(m
     """Under `train.compile: reduce-overhead` on a GPU a graph's replay rewrites its outputs in place:
     every step starts a new generation, and the encoder hands out copies (CoCor and NRCC call it
     again while holding an earlier output). On the CPU there are no graphs and nothing is copied."""
-    trainer = Trainer(digits_cfg(train={"epochs": 2}), digits)
+    trainer = Trainer(digits_cfg(train={"epochs": 2, "device": "cpu"}), digits)
     encoder = trainer.method.objective.encoder
     assert not trainer.graphs and not encoder.clone_outputs
     backbone_out = []
