@@ -12,18 +12,20 @@ import contextlib
 import os
 import signal
 import shutil
-import tempfile
 
 import pytest
 import torch
+
+from augtune import scratch
 
 # The smallest networks the tests train: an MLP for vectors, a CNN for images (every base's heads)
 TINY_MLP = {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16, "proj_hidden_dim": 16,
             "proj_dim": 8, "pred_hidden_dim": 16}
 TINY_CNN = {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8, "pred_hidden_dim": 16}
 
-_CACHE = tempfile.mkdtemp(prefix="augtune-test-cache-")
-_CONFIG = tempfile.mkdtemp(prefix="augtune-test-config-")  # the state-signing key of this session
+# in this process's scratch: gone when the session is, even one killed before it could unconfigure
+_CACHE = str(scratch.scratch_dir("test-cache-"))
+_CONFIG = str(scratch.scratch_dir("test-config-"))  # the state-signing key of this session
 
 
 def pytest_configure(config):

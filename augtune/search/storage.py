@@ -19,11 +19,11 @@ import contextlib
 import fnmatch
 import re
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from augtune import scratch
 from augtune.records import COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE, is_uri
 
 # What `status`, `export` and `importance` read of an experiment: basenames, at any depth. Tune's state
@@ -201,7 +201,7 @@ def local_copy(location: str) -> Iterator[Path]:
     _, name = split(location)
     if not exists(location):
         raise StorageError(f"{location}: no such experiment")
-    with tempfile.TemporaryDirectory(prefix="augtune-copy-") as tmp:
+    with scratch.temporary("copy-") as tmp:
         dest = Path(tmp) / name  # the experiment's own name: tables and labels read it from the folder
         dest.mkdir()
         download(location, dest, is_record_file)
@@ -230,7 +230,7 @@ class UploadedJournal:
         with _JOURNALS_LOCK:
             local = _LOCAL_JOURNALS.get(uri)
             if local is None or not local.exists():
-                local = Path(tempfile.mkdtemp(prefix="augtune-optuna-")) / self._name
+                local = scratch.scratch_dir("optuna-") / self._name
                 text = read_text(self._parent, self._name)
                 local.write_text(text or "")
                 _LOCAL_JOURNALS[uri] = local

@@ -19,12 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
+from augtune import scratch
 from augtune.records import (
     CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri, knob_schedule,
 )
@@ -146,7 +146,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
                              time.monotonic() - last_ckpt[0], default=SEARCH_CHECKPOINT_EVERY)
         if rank == 0 and due:
             last_ckpt[0] = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix="augtune-ckpt-") as tmp:
+            with scratch.temporary("ckpt-") as tmp:  # a trial Tune kills in `report` leaves it: swept
                 tr.save_checkpoint(Path(tmp) / CHECKPOINT_FILE)
                 record.write(Path(tmp))
                 saved = Checkpoint.from_directory(tmp)
@@ -180,7 +180,7 @@ def _checkpoint_folder(ckpt, remote: bool):
         with ckpt.as_directory() as d:
             yield d
         return
-    with tempfile.TemporaryDirectory(prefix="augtune-restore-") as tmp:
+    with scratch.temporary("restore-") as tmp:
         yield patiently(lambda: ckpt.to_directory(tmp), "downloading the checkpoint to resume from")
 
 
@@ -326,7 +326,7 @@ class TrialFolder:
         self.name = name
         if is_uri(experiment):
             self.uri: str | None = f"{experiment.rstrip('/')}/{self.name}"
-            self.local = Path(tempfile.mkdtemp(prefix=f"augtune-{self.name[:40]}-"))
+            self.local = scratch.scratch_dir(f"{self.name[:40]}-")
         else:
             self.uri, self.local = None, Path(experiment) / self.name
             self.local.mkdir(parents=True, exist_ok=True)
