@@ -1,5 +1,5 @@
-"""What the tests share: tiny networks, one torch thread for tiny tensors, a cache of the session, and
-Tune's saved state made by hand.
+"""What the tests share: the CPU (a GPU only for the GPU tests, with AUGTUNE_TEST_GPU=1), tiny
+networks, one torch thread for tiny tensors, a cache of the session, and Tune's saved state made by hand.
 
 The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) and the key
 that signs experiment state (`$XDG_CONFIG_HOME/augtune`) go to folders of this test session, inherited
@@ -14,9 +14,23 @@ import signal
 import shutil
 
 import pytest
-import torch
 
-from augtune import scratch
+# The suite trains on the CPU, as CI does, on a machine with a GPU too: `train.device: auto` would take
+# the GPU, with bf16 autocast and other kernels, and change numbers the tests pin (bitwise resumes, DDP
+# against one process). AUGTUNE_TEST_GPU=1 shows the GPU to the tests marked `needs_gpu` (`-k gpu`).
+GPU_TESTS = os.environ.get("AUGTUNE_TEST_GPU") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch's first look at CUDA; inherited by Ray's workers
+
+import torch  # noqa: E402
+
+from augtune import scratch  # noqa: E402
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU and AUGTUNE_TEST_GPU=1 (without it the suite hides any GPU)" if not GPU_TESTS
+    else "needs a CUDA GPU (none on this machine)",
+)
 
 # The smallest networks the tests train: an MLP for vectors, a CNN for images (every base's heads)
 TINY_MLP = {"backbone": "mlp", "hidden_dim": 32, "num_layers": 2, "embed_dim": 16, "proj_hidden_dim": 16,

@@ -35,7 +35,7 @@ from augtune.methods import pinda as pinda_module
 from augtune.methods.base import Batch, StepInfo
 from augtune.methods.cocor_ops import IMAGE_OPS, VECTOR_OPS, composite_views
 from augtune.trainables.loop import Trainer, two_views
-from conftest import TINY_CNN
+from conftest import TINY_CNN, needs_gpu
 
 DEVICE = torch.device(
     "cpu", 1
@@ -460,9 +460,7 @@ def test_batched_views_are_the_per_sample_views_bitwise():
     assert torch.equal(whole, alone)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)"
-)
+@needs_gpu
 def test_views_on_the_gpu_match_the_cpu_for_the_same_parameters():
     """Parameters drawn once on the CPU, the views made on the CPU and on the GPU: the same samples
     are flipped, jittered, greyed and blurred, and the pixels agree to float32 rounding. The GPU's
@@ -488,9 +486,7 @@ def test_views_on_the_gpu_match_the_cpu_for_the_same_parameters():
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)"
-)
+@needs_gpu
 def test_views_on_the_gpu_copy_nothing_to_the_device():
     """The profiler's count of host-to-device copies while the views of a GPU batch are made."""
     from torch.profiler import ProfilerActivity, profile

@@ -12,7 +12,7 @@ from augtune.data import load_dataset
 from augtune.methods import AUGMENTATIONS, Augmentation, OptimizerSpec
 from augtune.trainables.loop import NonFiniteLoss, Trainer, _ParametersLeftToLoad, lr_factor
 from augtune.trainables.run import train_run
-from conftest import TINY_CNN
+from conftest import TINY_CNN, needs_gpu
 
 
 def digits_cfg(**sections):
@@ -411,7 +411,7 @@ def test_cuda_graphs_open_a_generation_each_step_and_copy_the_encoders_outputs(m
     assert marks == list(range(trainer.steps_per_epoch, 2 * trainer.steps_per_epoch))  # once before each step
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+@needs_gpu
 @pytest.mark.parametrize("augment", ["none", "pinda", "cocor", "nrcc", "diffaug"])
 def test_cuda_graphs_train_every_method_as_eager_does_on_the_gpu(digits, augment):
     """`train.compile: reduce-overhead` with every augmentation (CoCor and NRCC call the backbone

@@ -25,7 +25,7 @@ from augtune.methods.cocor import ieee_fp32, kept_buffers
 from augtune.methods.diffaug_ops import SAMPLE_VARIANCES
 from augtune.methods.nrcc import NRCC, sghmc
 from augtune.trainables.loop import Trainer
-from conftest import TINY_CNN, TINY_MLP
+from conftest import TINY_CNN, TINY_MLP, needs_gpu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,10 +34,6 @@ _QUIET_EVAL = {"every": 0, "epoch_metrics": [], "metrics": [], "references": Fal
 
 def bf16(device: str = "cpu"):
     return torch.autocast(device, dtype=torch.bfloat16)
-
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
-                               reason="needs a CUDA GPU (none on this machine)")
 
 
 @pytest.fixture
