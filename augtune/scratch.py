@@ -10,7 +10,9 @@ run. Without that, each interrupted trial left its staged checkpoint in the temp
 every trial of an experiment in cloud storage its local side.
 
 The host's name in each folder's name keeps a process from judging the processes of another machine that
-shares the temporary folder; a process id that the system has reused only delays the removal.
+shares the temporary folder; a process id that the system has reused only delays the removal. Two
+containers that share both the temporary folder and the host's name, but not their process ids, would
+judge each other's processes dead: give such containers a temporary folder (TMPDIR) each.
 """
 from __future__ import annotations
 
