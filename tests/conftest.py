@@ -17,7 +17,7 @@ import pytest
 
 # The suite trains on the CPU, as CI does, on a machine with a GPU too: `train.device: auto` would take
 # the GPU, with bf16 autocast and other kernels, and change numbers the tests pin (bitwise resumes, DDP
-# against one process). AUGTUNE_TEST_GPU=1 shows the GPU to the tests marked `needs_gpu` (`-k gpu`).
+# against one process). AUGTUNE_TEST_GPU=1 leaves the GPU visible, for the GPU tests (`needs_gpu`: `-k gpu`).
 GPU_TESTS = os.environ.get("AUGTUNE_TEST_GPU") == "1"
 if not GPU_TESTS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch's first look at CUDA; inherited by Ray's workers

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
 from augtune import scratch
+from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
 from augtune.records import (
     CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri, knob_schedule,
 )
