@@ -136,6 +136,8 @@ def _rank(rank: int, tree: str, world: int, no_sync: bool, cfg: dict, init_file:
                 {"step": metrics["epoch_time_s"] / steps, **{k: v / steps for k, v in clock.parts.items()}}
             )
         Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps(epochs[1:]))  # first: warm-up
+        if world > 1:
+            dist.barrier()  # no rank tears its connections down while the other still uses them
     finally:
         if world > 1:
             dist.destroy_process_group()

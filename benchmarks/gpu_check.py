@@ -908,6 +908,9 @@ def worker_ddp(spec_json: str, rank: int, out: str) -> None:
         )
         m = measure(trainer, sizes, spec["steps"], sizes.n)
         Path(out).write_text(json.dumps(m))
+        # no rank tears its connections down while the other still uses them: gloo's thread would
+        # std::terminate the other ("terminate called without an active exception"; CI saw it once)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
