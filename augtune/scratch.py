@@ -58,6 +58,12 @@ def sweep(base: Path | None = None) -> list[Path]:
     return removed
 
 
+def _remove_if_mine(pid: int, folder: Path) -> None:
+    """At exit: a forked child inherits its parent's exit handlers, and must not remove the parent's."""
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def own() -> Path:
     """This process's scratch folder, made (after a sweep) on first use and removed at exit."""
     global _OWN
@@ -67,7 +73,7 @@ def own() -> Path:
         sweep(base)
         folder = base / f"{socket.gethostname()}-{os.getpid()}"
         folder.mkdir(mode=0o700, exist_ok=True)
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        atexit.register(_remove_if_mine, os.getpid(), folder)
         _OWN = (os.getpid(), folder)
     return _OWN[1]
 

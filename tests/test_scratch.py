@@ -39,6 +39,22 @@ def test_a_process_that_exits_removes_its_scratch(tmp_path):
     assert not folder.parent.exists()  # the whole of its scratch
 
 
+def test_a_forked_child_that_exits_leaves_its_parents_scratch(tmp_path):
+    code = CHILD.split("with scratch")[0] + textwrap.dedent("""
+        pid = os.fork()
+        if pid == 0:
+            scratch.scratch_dir("child-")  # its own scratch, then a normal exit (exit handlers run)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print(folder, folder.exists(), flush=True)
+    """)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == "True"  # the parent's scratch outlived its child
+    assert not Path(done.stdout.split()[0]).parent.exists()  # and went with the parent
+
+
 def test_a_killed_processs_scratch_is_removed_by_the_next_process_and_no_other(tmp_path, monkeypatch):
     done, (folder, tmp) = child(tmp_path, "kill")
     assert done.returncode == -signal.SIGKILL
