@@ -13,9 +13,11 @@ the schedule against the constant. The whole compare is repeated per search seed
 It prints, per entrant: the repeat's k-NN accuracy on the test split (mean over its 3 seeds) per search
 seed, the mean ± std over the search seeds, the best search trial's validation k-NN (for the PBT
 entrant: the trial whose schedule was replayed), the repeat's own validation k-NN (mean ± std over the
-search seeds of each seed's mean: the replay against the trial it replays, on the same split) and the
-CPU seconds its search spent (its trials' own, pauses and exploits included; Ray's driver not); then
-each seed's schedule-against-constant sentence.
+search seeds of each seed's mean: the replay against the trial it replays, on the same split), that
+trial's final weights scored after the search on the test split (mean ± std over the search seeds: like
+for like with the repeat's test figure, and free of the winner's curse of choosing the best of the
+trials on the validation split) and the CPU seconds its search spent (its trials' own, pauses and
+exploits included; Ray's driver not); then each seed's schedule-against-constant sentence.
 About 8 minutes a seed on digits (two busy cores).
 """
 from __future__ import annotations
@@ -49,11 +51,11 @@ def config(dataset: str, seed: int, trials: int, epochs: int, interval: int, max
 
 
 def summary(exp) -> tuple[dict, str]:
-    """{entrant: (repeat mean, best search trial's validation k-NN, its search's CPU seconds, the repeat's
-    validation k-NN)}, the schedule sentence."""
+    """{entrant: (repeat's test k-NN, chosen trial's validation k-NN, its search's CPU seconds, repeat's
+    validation k-NN, chosen trial's test k-NN)}, the schedule sentence. The repeat's figures are means
+    over its seeds."""
     v = exp.verdict()
     cpu: dict = {}
-    best: dict = {}
     replay: dict = {}
     for r in exp.records():
         name = r.get("entrant") or r.get("method")
@@ -64,16 +66,65 @@ def summary(exp) -> tuple[dict, str]:
             continue
         parts = r.get("cpu_seconds") or {}  # by part: train, eval, references, checkpoint, ...
         cpu[name] = cpu.get(name, 0.0) + sum(float(v) for v in parts.values())
-        if r.get("status") in ("completed", "stopped"):
-            last = [e["knn_acc"] for e in r.get("epochs", []) if isinstance(e.get("knn_acc"), float)]
-            if last:
-                best[name] = max(best.get(name, 0.0), last[-1])
-    rows = {row.entrant: (row.cells["knn_acc"].mean, best.get(row.entrant, float("nan")),
+    chosen = {}
+    for name, (path, reported) in chosen_trials(exp).items():
+        test, val = scored_on_test(path)
+        if abs(val - reported) > 1e-6:  # not the weights it scored itself with (ASHA stopped it between
+            # two checkpoints), or not the same features or k-NN: no test figure
+            print(f"{path}: its newest checkpoint scores {100 * val:.2f} on the validation split, its record "
+                  f"{100 * reported:.2f}; no test figure for {name}", flush=True)
+            test = float("nan")
+        chosen[name] = (reported, test)
+    nan = float("nan")
+    rows = {row.entrant: (row.cells["knn_acc"].mean, chosen.get(row.entrant, (nan, nan))[0],
                           cpu.get(row.entrant, 0.0),
-                          statistics.fmean(replay[row.entrant]) if row.entrant in replay else float("nan"))
+                          statistics.fmean(replay[row.entrant]) if row.entrant in replay else nan,
+                          chosen.get(row.entrant, (nan, nan))[1])
             for row in v.rows}
     said = next((s for s in v.sentences() if s.startswith("Schedule against constant")), "")
     return rows, said
+
+
+def chosen_trials(exp) -> dict:
+    """{entrant: (the record file of the search trial its repeat re-ran, the trial's last validation k-NN)}:
+    the trial `best_of` picks (the last validation k-NN each trial reported, ties to the first folder),
+    checked against the parameters the compare re-ran."""
+    from augtune.analysis import find_records
+    from augtune.records import SEARCH_FILE, read_record
+    from augtune.search.compare import best_of, replayed
+
+    out = {}
+    for folder in sorted(p for p in Path(exp.path).iterdir() if (p / SEARCH_FILE).is_file()):
+        best = None
+        for path in find_records(folder):
+            r = read_record(path)
+            last = [e["knn_acc"] for e in r.get("epochs", []) if isinstance(e.get("knn_acc"), float)]
+            if r.get("status") in ("completed", "stopped") and last and (best is None or last[-1] > best[0]):
+                best = (last[-1], path, r)
+        if best is not None:
+            assert replayed(best[2]) == best_of(folder, "knn_acc", "max"), f"{folder}: not the trial re-run"
+            out[best[2].get("entrant") or best[2]["method"]] = (best[1], best[0])
+    return out
+
+
+def scored_on_test(record_file: Path) -> tuple[float, float]:
+    """A search trial's final weights scored after the search (k-NN, as the trial scored itself) on the test
+    split, which no search or selection read, and on the validation split (the figure the trial reported:
+    a check that this is the same network, features and k-NN)."""
+    from dataclasses import replace
+
+    from augtune.eval.evaluate import evaluate
+    from augtune.plots import load_run
+
+    run = load_run(record_file)
+    config = dict(run.record["config"], dataset={**run.record["config"]["dataset"], "evaluate_on": "both"})
+    run = replace(run, record={**run.record, "config": config})  # the validation split beside the test split
+    cfg, data = run.cfg, run.data
+    train = run.features("train")
+    scores = [evaluate(train, data.y_train, run.features(split), getattr(data, f"y_{split}"),
+                       data.num_classes, cfg.eval, ("knn",), seed=cfg.train.seed)["knn_acc"]
+              for split in ("test", "val")]
+    return scores[0], scores[1]
 
 
 def mean_sd(values: list[float]) -> str:
@@ -111,15 +162,17 @@ def main() -> None:
     print(f"\n{args.dataset}, {args.trials} trials x {args.epochs} epochs per entrant, PBT every "
           f"{args.interval} epochs; k-NN accuracy (%) of each entrant's best re-run on 3 seeds (test split)")
     head = ["entrant", *(f"seed {s}" for s in args.seeds), "mean ± std", "best trial (val)", "replay (val)",
-            "search CPU s"]
+            "best trial (test)", "search CPU s"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in names:
-        means = [100 * rows[name][0] for rows in per_seed if name in rows]
-        val = statistics.fmean(100 * rows[name][1] for rows in per_seed if name in rows)
-        again = [100 * rows[name][3] for rows in per_seed if name in rows]
+        def over_seeds(i: int) -> list[float]:
+            return [100 * rows[name][i] for rows in per_seed if name in rows]
+
+        means = over_seeds(0)
         cpu = statistics.fmean(rows[name][2] for rows in per_seed if name in rows)
         cells = " | ".join(f"{m:.2f}" for m in means)
-        print(f"| {name} | {cells} | {mean_sd(means)} | {val:.2f} | {mean_sd(again)} | {cpu:.0f} |")
+        print(f"| {name} | {cells} | {mean_sd(means)} | {statistics.fmean(over_seeds(1)):.2f} | "
+              f"{mean_sd(over_seeds(3))} | {mean_sd(over_seeds(4))} | {cpu:.0f} |")
     print()
     for s in sentences:
         print(s)
