@@ -13,10 +13,12 @@ the schedule against the constant. The whole compare is repeated per search seed
 It prints, per entrant: the repeat's k-NN accuracy on the test split (mean over its 3 seeds) per search
 seed, the mean ± std over the search seeds, the best search trial's validation k-NN (for the PBT
 entrant: the trial whose schedule was replayed), the repeat's own validation k-NN (mean ± std over the
-search seeds of each seed's mean: the replay against the trial it replays, on the same split), that
-trial's final weights scored after the search on the test split (mean ± std over the search seeds: like
-for like with the repeat's test figure, and free of the winner's curse of choosing the best of the
-trials on the validation split; none for a trial ASHA stopped, which a search keeps no checkpoint of)
+search seeds of each seed's mean: the replay against the trial it replays), that trial's final weights
+scored after the search on the test split (mean ± std over the search seeds: against the repeat's test
+figure, and free of the winner's curse of choosing the best of the trials on the validation split; none
+for a trial ASHA stopped, which a search keeps no checkpoint of). The replay is on the trial's own
+splits where the repeat's seeds vary the initialisation only (Fashion-MNIST); on a test split under
+5 000 (digits) `compare.vary` redraws the split per seed, and the spread includes the split's.
 and the CPU seconds its search spent (its trials' own, pauses and exploits included; Ray's driver not);
 then each seed's schedule-against-constant sentence. About 8 minutes a seed on digits, 15 on
 `--dataset fashion_mnist --max-train 4000 --epochs 12 --interval 3` (two cores).
@@ -77,8 +79,7 @@ def summary(exp) -> tuple[dict, str]:
             print(f"{e}; no test figure for {name}", flush=True)
             chosen[name] = (reported, float("nan"))
             continue
-        if abs(val - reported) > 1e-6:  # not the weights it scored itself with (ASHA stopped it between
-            # two checkpoints), or not the same features or k-NN: no test figure
+        if abs(val - reported) > 1e-6:  # not the weights, features or k-NN it scored itself with
             print(f"{path}: its newest checkpoint scores {100 * val:.2f} on the validation split, its record "
                   f"{100 * reported:.2f}; no test figure for {name}", flush=True)
             test = float("nan")
