@@ -16,12 +16,12 @@ entrant: the trial whose schedule was replayed), the repeat's own validation k-N
 search seeds of each seed's mean: the replay against the trial it replays), that trial's final weights
 scored after the search on the test split (mean ± std over the search seeds: against the repeat's test
 figure, and free of the winner's curse of choosing the best of the trials on the validation split; none
-for a trial ASHA stopped, which a search keeps no checkpoint of). The replay is on the trial's own
-splits where the repeat's seeds vary the initialisation only (Fashion-MNIST); on a test split under
-5 000 (digits) `compare.vary` redraws the split per seed, and the spread includes the split's.
-and the CPU seconds its search spent (its trials' own, pauses and exploits included; Ray's driver not);
-then each seed's schedule-against-constant sentence. About 8 minutes a seed on digits, 15 on
-`--dataset fashion_mnist --max-train 4000 --epochs 12 --interval 3` (two cores).
+for a trial ASHA stopped, which a search keeps no checkpoint of) and the CPU seconds its search spent
+(its trials' own, pauses and exploits included; Ray's driver not); then each seed's
+schedule-against-constant sentence. The replay is on the trial's own splits where the repeat's seeds
+vary the initialisation only (Fashion-MNIST); on a test split under 5 000 (digits) `compare.vary`
+redraws the split per seed, and the spread includes the split's. About 8 minutes a seed on digits, 15
+on `--dataset fashion_mnist --max-train 4000 --epochs 12 --interval 3` (two cores).
 """
 from __future__ import annotations
 
@@ -96,23 +96,20 @@ def summary(exp) -> tuple[dict, str]:
 
 def chosen_trials(exp) -> dict:
     """{entrant: (the record file of the search trial its repeat re-ran, the trial's last validation k-NN)}:
-    the trial `best_of` picks (the last validation k-NN each trial reported, ties to the first folder),
-    checked against the parameters the compare re-ran."""
+    the first trial whose parameters are the ones the compare's `best_of` chose."""
     from augtune.analysis import find_records
     from augtune.records import SEARCH_FILE, read_record
     from augtune.search.compare import best_of, replayed
 
     out = {}
     for folder in sorted(p for p in Path(exp.path).iterdir() if (p / SEARCH_FILE).is_file()):
-        best = None
+        best = best_of(folder, "knn_acc", "max")
         for path in find_records(folder):
             r = read_record(path)
-            last = [e["knn_acc"] for e in r.get("epochs", []) if isinstance(e.get("knn_acc"), float)]
-            if r.get("status") in ("completed", "stopped") and last and (best is None or last[-1] > best[0]):
-                best = (last[-1], path, r)
-        if best is not None:
-            assert replayed(best[2]) == best_of(folder, "knn_acc", "max"), f"{folder}: not the trial re-run"
-            out[best[2].get("entrant") or best[2]["method"]] = (best[1], best[0])
+            if best is not None and r.get("status") in ("completed", "stopped") and replayed(r) == best:
+                last = [e["knn_acc"] for e in r["epochs"] if isinstance(e.get("knn_acc"), float)][-1]
+                out[r.get("entrant") or r["method"]] = (path, last)
+                break
     return out
 
 
