@@ -45,11 +45,10 @@ def test_a_failing_part_is_recorded_and_the_next_one_runs(gpu_check, tmp_path):
     saved = json.loads((tmp_path / "c.json").read_text())  # written after every part
     assert saved["parts"]["views"]["status"] == "error"
     assert saved["parts"]["views"]["error"] == "ValueError: no such kernel"
-    assert saved["parts"]["env"] == {
-        "status": "ok",
-        "torch": "x",
-        "seconds": pytest.approx(0, abs=1),
-    }
+    env = saved["parts"]["env"]
+    # the time includes the garbage collection after the part: seconds in a long session, not a number to pin
+    assert env.pop("seconds") >= 0
+    assert env == {"status": "ok", "torch": "x"}
 
 
 def test_the_time_guard_skips_a_part_without_time_and_stops_one_that_runs_over(
