@@ -11,7 +11,16 @@ SimCLR + DiffAug with the schedule A:1,B:1,A:1 scaled to `--epochs`. Prints
   and the per-epoch refresh of the generated-positive buffer (the whole train set, strided sampler),
   each with its ratio to SimCLR's epoch;
 - the time to generate 1000 samples with the trained EMA generator, ancestral over all T steps and
-  strided over `diffaug.sample_steps`.
+  strided over `diffaug.sample_steps`;
+- the per-epoch refresh as it is (positives for the ~lambda N samples the epoch replaces) beside the
+  full refresh it replaced (a positive for every sample), timed in the same process.
+
+With `--updates 50,100,200,400,800` it instead trains the main job's DiffAug entrant
+(`examples/compare_digits.yaml`: 8x8 digit images, small CNN, U-Net generator, 6 epochs) with
+`diffaug.gen_steps` set to give its B-phase about that many generator updates in all, over `--seeds`
+seeds, and prints per target: the updates, the run's B-phase and total seconds, `gen_std_ratio`, how
+often a generated positive keeps its anchor's class (a 5-NN on the test split's pixels labels it;
+the same classifier labels the anchors themselves as the ceiling), and the encoder's k-NN accuracy.
 """
 from __future__ import annotations
 
@@ -49,11 +58,17 @@ def main() -> None:
     ap.add_argument("--data", choices=["vectors", "images"], default="vectors")
     ap.add_argument("--epochs", type=int, default=3, help="per run; DiffAug's schedule is A:1,B:1,A:1 scaled")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--updates", help="comma-separated generator-update totals: the sweep instead")
+    ap.add_argument("--seeds", type=int, default=3, help="per target of --updates")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.updates:
+        updates_sweep([int(u) for u in args.updates.split(",")], args.seeds)
+        return
 
     from augtune.config import from_dict
     from augtune.data import load_dataset
+    from augtune.methods import StepInfo
     from augtune.trainables.loop import Trainer
 
     simclr_cfg = from_dict(config(args.data, args.epochs, False))
@@ -109,6 +124,68 @@ def main() -> None:
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         print(f"{name:34s} {(time.perf_counter() - t0) * 1000 / (reps * len(x)):9.3f}")
+
+    aug.d = cfg.diffaug
+    x_all = data.x_train.to(trainer.device)
+    info = StepInfo(trainer.epoch, trainer.global_step, trainer.total_steps, "A")
+    chosen, full = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        trainer.method.on_epoch_start(info)  # the refresh as it is: the epoch's chosen samples only
+        chosen.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        aug.generate(trainer.method, x_all)  # the full refresh it replaced: every sample
+        full.append(time.perf_counter() - t0)
+    c, f = min(chosen), min(full)
+    print(f"refresh, lambda = {cfg.diffaug.lam}: {len(aug.positives)} of {len(x_all)} samples generated in "
+          f"{c:.3f} s; a positive for every sample: {f:.3f} s ({f / c:.1f}x)")
+
+
+def updates_sweep(targets: list[int], seeds: int) -> None:
+    """The main job's DiffAug at several generator-update totals (the module doc)."""
+    import math
+
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from augtune.config import from_dict
+    from augtune.data import load_dataset
+    from augtune.phases import parse_phases
+    from augtune.trainables.loop import Trainer
+
+    raw = yaml.safe_load((ROOT / "examples" / "compare_digits.yaml").read_text())
+    for k in ("compare", "pinda"):
+        raw.pop(k)
+    raw["method"] = {"base": "simclr", "augment": ["diffaug"]}
+    raw["eval"] = {"every": 0, "metrics": ["knn"], "epoch_metrics": [], "references": False, "figures": []}
+    data = load_dataset(from_dict(raw).dataset)
+    pixels = KNeighborsClassifier(5).fit(data.x_test.flatten(1).numpy(), data.y_test.numpy())
+    print(f"{'target':>6s} {'updates':>7s} {'B s':>6s} {'run s':>6s} {'std ratio':>9s} "
+          f"{'keeps class':>11s} {'anchors':>7s} {'knn':>6s}  (mean +- sd over {seeds} seeds)")
+    for target in targets:
+        rows = []
+        for seed in range(seeds):
+            cfg = from_dict({**raw, "train": {**raw["train"], "seed": seed}})
+            b_steps = parse_phases(cfg.diffaug.schedule, cfg.train.epochs).count("B") * max(
+                1, len(data.x_train) // cfg.train.batch_size)
+            gen_steps = min(32, max(1, math.ceil(target / b_steps)))
+            cfg = from_dict({**raw, "train": {**raw["train"], "seed": seed},
+                             "diffaug": {**raw["diffaug"], "gen_steps": gen_steps}})
+            trainer = Trainer(cfg, data, log=lambda s: None)
+            t0 = time.perf_counter()
+            final = trainer.fit()
+            run_s = time.perf_counter() - t0
+            aug = trainer.method.augments[0]
+            x, y = data.x_train[:500], data.y_train[:500].numpy()
+            pos = aug.generate(trainer.method, x.to(trainer.device)).cpu()
+            rows.append([int(aug.updates),
+                         sum(e["epoch_time_s"] for e in trainer.history if e.get("phase") == "B"), run_s,
+                         float(pos.std() / x.std()),
+                         float((pixels.predict(pos.flatten(1).numpy()) == y).mean()),
+                         float((pixels.predict(x.flatten(1).numpy()) == y).mean()), final["knn_acc"]])
+        t = torch.tensor(rows, dtype=torch.float64)
+        m, sd = t.mean(0), t.std(0) if seeds > 1 else torch.zeros(t.shape[1])
+        print(f"{target:6d} {m[0]:7.0f} {m[1]:6.1f} {m[2]:6.1f} {m[3]:5.2f}+-{sd[3]:.2f} "
+              f"{m[4]:7.3f}+-{sd[4]:.3f} {m[5]:7.3f} {m[6]:6.3f}+-{sd[6]:.3f}", flush=True)
 
 
 if __name__ == "__main__":

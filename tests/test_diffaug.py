@@ -339,27 +339,115 @@ def test_replaced_positives_are_generated_samples_at_rate_lambda(digits):
     trainer.fit(stop_after=2)  # A then B: the generator has been trained
     method, aug = trainer.method, trainer.method.augments[0]
     info = StepInfo(2, trainer.global_step, trainer.total_steps, "A")
-    method.on_epoch_start(info)
-    x = trainer.x_train
-    pos = aug.positives
-    assert pos.shape == x.shape and torch.isfinite(pos).all()
-    assert pos.abs().sum() > 0 and not torch.allclose(pos, x, atol=1e-3)  # not zeros, not copies of x
-    assert pos.std(0).mean() > 0.1  # really varied, not one constant vector
-    torch.manual_seed(0)
-    n = len(x)
-    idx = torch.arange(n)
-    v0, v1 = x + 0.01, x - 0.01
+    x, n = trainer.x_train, len(trainer.x_train)
     replaced = 0
-    for _ in range(20):
-        out = aug.transform(Batch(x=x, views=[v0, v1], index=idx), method, info)
+    for epoch in range(2, 22):
+        method.on_epoch_start(StepInfo(epoch, trainer.global_step, trainer.total_steps, "A"))
+        chosen = aug.replacements(epoch)
+        pos = aug.positives  # generated for the epoch's chosen samples only, in index order
+        assert pos.shape == (int(chosen.sum()), *x.shape[1:]) and torch.isfinite(pos).all()
+        assert torch.equal(aug.slot >= 0, chosen) and torch.equal(aug.slot[chosen], torch.arange(len(pos)))
+        idx = torch.randperm(n)[:64]  # a batch's samples, in any order
+        v0, v1 = x[idx] + 0.01, x[idx] - 0.01
+        out = aug.transform(Batch(x=x[idx], views=[v0, v1], index=idx), method, info)
         mask = out.extra["diffaug_replaced"]
+        assert torch.equal(mask, chosen[idx])  # the epoch's draw decides, not the step
         assert torch.equal(out.views[0], v0)  # the anchor's own view is never replaced
-        assert torch.equal(out.views[1][mask], pos[mask]) and torch.equal(out.views[1][~mask], v1[~mask])
-        replaced += int(mask.sum())
+        assert torch.equal(out.views[1][mask], pos[aug.slot[idx][mask]])
+        assert torch.equal(out.views[1][~mask], v1[~mask])
+        replaced += int(chosen.sum())
+    assert pos.abs().sum() > 0 and not torch.allclose(pos, x[chosen], atol=1e-3)  # not zeros, not copies
+    assert pos.std(0).mean() > 0.1  # really varied, not one constant vector
     rate, sd = replaced / (20 * n), math.sqrt(lam * (1 - lam) / (20 * n))
     assert abs(rate - lam) < 4 * sd
     b_info = StepInfo(1, 0, 1, "B")
-    assert aug.transform(Batch(x=x, views=[v0, v1], index=idx), method, b_info).views[1] is v1  # no swap in B
+    assert aug.transform(Batch(x=x, views=[x, x], index=torch.arange(n)), method, b_info).views[1] is x
+
+
+def _diffaug(digits, **train):
+    from augtune.methods.diffaug import DiffAug
+
+    cfg = _cfg(lam=0.1)
+    cfg = from_dict({**to_dict(cfg), "train": {**to_dict(cfg)["train"], **train}})
+    return DiffAug(cfg, digits)
+
+
+def test_the_epochs_replacements_are_bernoulli_lambda_per_sample_over_many_seeds(digits):
+    """Over 40 seeds x 25 epochs: each sample is replaced at rate lambda, every sample alike (chi-square),
+    every class alike (a contingency test: the draw does not see the data), and an epoch's draw is
+    independent of the last one's (their 2 x 2 table)."""
+    from scipy import stats
+
+    lam, n = 0.1, len(digits.x_train)
+    per_sample = torch.zeros(n)
+    pairs = torch.zeros(2, 2)  # (replaced in epoch e, replaced in e + 1)
+    for seed in range(40):
+        aug = _diffaug(digits, seed=seed)
+        draws = torch.stack([aug.replacements(e) for e in range(25)])  # (25, N)
+        per_sample += draws.sum(0)
+        for a in (0, 1):
+            for b in (0, 1):
+                pairs[a, b] += ((draws[:-1] == bool(a)) & (draws[1:] == bool(b))).sum()
+    total = 40 * 25 * n
+    assert abs(per_sample.sum() / total - lam) < 4 * math.sqrt(lam * (1 - lam) / total)
+    assert stats.chisquare(per_sample.numpy()).pvalue > 1e-3  # uniform over the samples
+    y = digits.y_train[:n]
+    hits = torch.stack([per_sample[y == c].sum() for c in y.unique()])  # (classes,) replacements
+    draws = torch.stack([40 * 25 * (y == c).sum() for c in y.unique()])  # (classes,) decisions
+    by_class = torch.stack([hits, draws - hits], 1)  # (classes, 2): replaced, kept
+    assert stats.chi2_contingency(by_class.numpy()).pvalue > 1e-3
+    assert stats.chi2_contingency(pairs.numpy()).pvalue > 1e-3
+
+
+def test_the_replacements_depend_on_seed_and_epoch_only(digits):
+    """The same (seed, epoch) draws the same set on other data of the same size, whatever the global RNG
+    (every DDP rank, a resumed run); another seed or epoch draws another set."""
+    aug = _diffaug(digits, seed=3)
+    other = copy.copy(aug)
+    other.x_train = torch.randn_like(aug.x_train)
+    torch.manual_seed(123)
+    first = aug.replacements(4)
+    torch.manual_seed(999)
+    assert torch.equal(other.replacements(4), first)
+    assert not torch.equal(aug.replacements(5), first)
+    assert not torch.equal(_diffaug(digits, seed=4).replacements(4), first)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lambda_one_generates_the_whole_set_as_the_full_refresh_did(digits, seed):
+    """lambda = 1: every sample is chosen, and the positives are bitwise the full refresh's (the draw
+    uses its own generator, so the sampling sees the same RNG stream); lambda 0.1 generates only the
+    chosen ~10%."""
+    trainer = Trainer(_cfg(lam=1.0), digits, log=lambda s: None)
+    trainer.fit(stop_after=2)
+    method, aug = trainer.method, trainer.method.augments[0]
+    torch.manual_seed(seed)
+    method.on_epoch_start(StepInfo(2, trainer.global_step, trainer.total_steps, "A"))
+    torch.manual_seed(seed)
+    full = aug.generate(method, trainer.x_train)
+    assert torch.equal(aug.positives, full) and torch.equal(aug.slot, torch.arange(len(full)))
+
+    rows = []
+    sample = DDPM.sample
+    aug.ddpm.sample = lambda net, cond, *a, **k: rows.append(len(cond)) or sample(aug.ddpm, net, cond, *a, **k)
+    aug.d = aug.d.__class__(**{**vars(aug.d), "lam": 0.1})
+    method.on_epoch_start(StepInfo(3, trainer.global_step, trainer.total_steps, "A"))
+    assert sum(rows) == int(aug.replacements(3).sum()) < 0.2 * len(full)
+
+
+def test_a_b_step_conditions_once_however_many_generator_updates(digits, monkeypatch):
+    """diffaug.gen_steps updates of a B-step share the step's z_c (the encoder is frozen in B): one
+    encoder pass per step, not one per update."""
+    from augtune.methods.diffaug import DiffAug
+
+    calls = []
+    condition = DiffAug.condition
+    monkeypatch.setattr(DiffAug, "condition", lambda self, m, x: calls.append(len(x)) or condition(self, m, x))
+    trainer = Trainer(_cfg(lam=0.2, gen_steps=4, schedule="A:1,B:1"), digits, log=lambda s: None)
+    trainer.fit()
+    aug = trainer.method.augments[0]
+    assert int(aug.updates) == 4 * trainer.steps_per_epoch
+    assert len(calls) == trainer.steps_per_epoch  # phase B only; A before any B-step generates nothing
 
 
 def test_the_refresh_runs_in_the_trainings_precision(digits, monkeypatch):
@@ -536,18 +624,3 @@ def test_clipping_x0_keeps_a_briefly_trained_generator_in_the_data_range():
         s = ddpm.sample(net, c, (32,), steps, clip)
         assert torch.all((s >= clip[0]) & (s <= clip[1]))  # the last step returns the clamped x0
         assert (s.mean(1) - sign).abs().mean() < 0.2 * (free.mean(1) - sign).abs().mean()
-
-
-def test_generator_steps_scale_with_the_data_when_not_given():
-    """gen_steps None: about 800 updates over the run's B-phases, 1 where the data alone gives them."""
-    from augtune.methods.diffaug import DiffAug
-
-    def steps(epochs, n, batch, schedule="A:200,B:400,A:800"):
-        return DiffAug.auto_gen_steps(from_dict({"train": {"epochs": epochs, "batch_size": batch},
-                                                 "diffaug": {"schedule": schedule}}), n)
-
-    assert steps(200, 50000, 256) == 1  # 57 B-epochs x 195 batches: plenty already
-    assert steps(30, 1257, 128) == 10  # digits: 9 B-epochs x 9 batches = 81 -> 10 per batch
-    assert steps(20, 1257, 256) == 32  # capped
-    assert steps(10, 1257, 128, "sync") == 9
-    assert _cfg(gen_steps=None).diffaug.gen_steps is None

@@ -14,16 +14,21 @@ How it maps onto augtune (App. B: z = H(y), y = F(x)):
 - B-steps (lines 4-6): the diffusion loss (eq. 6) trains the generator conditioned on z_c of the clean
   sample under stop-gradient, with the encoder frozen (`encoder_phases = ("A",)`; the generator's
   optimiser runs in phase B only). `diffaug.schedule: sync` trains both every step (Table 5 B4).
-- Generated positives (eqs. 4, 8): once the generator has been trained, at the start of every encoder
-  epoch the EMA generator draws one positive per training sample, conditioned on that sample's z
-  (encoder in eval mode: Enc(x | theta*)). In each step the second view of each sample is replaced by
-  its generated positive with probability lambda (the first view stays the anchor's own view x_c).
-  Unlike the official code, the buffer is really generated and the rate is lambda.
+- Generated positives (eqs. 4, 8): once the generator has been trained, the second view of each sample
+  is replaced by a generated positive with probability lambda (the first view stays the anchor's own
+  view x_c). At the start of every encoder epoch the epoch's replacements are drawn first, one
+  Bernoulli(lambda) per training sample (an epoch visits each sample once), from a generator seeded by
+  (train.seed, epoch) alone: independent of the data and of every other draw, the same on every DDP
+  rank and after a resume. The EMA generator then draws positives for those samples only, conditioned
+  on each one's z (encoder in eval mode: Enc(x | theta*)): about lambda N samples, not N of which
+  1 - lambda would go unused. Unlike the official code, the positives are really generated and the
+  rate is lambda.
 """
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 from augtune.data.batches import as_float, is_streamed
@@ -36,9 +41,7 @@ from augtune.methods.diffaug_ops import (
     soft_contrastive_loss,
 )
 
-_CHUNK = 1024  # samples generated per call while refreshing the buffer (memory, not results)
-GEN_UPDATES = 800  # generator updates a run's B-phases should give (diffaug.gen_steps: None)
-MAX_GEN_STEPS = 32  # ... at most this many per batch: beyond, a B-epoch costs more than the data can teach
+_CHUNK = 1024  # samples generated per call while refreshing the positives (memory, not results)
 
 
 class DiffAug(Augmentation):
@@ -58,7 +61,7 @@ class DiffAug(Augmentation):
         self.image = data.modality == "image"
         self.shape = tuple(data.shape)
         self.x_train = data.pretrain()[0]  # (N, *shape) on the CPU: the samples whose positives are generated
-        if is_streamed(self.x_train):  # its positives buffer is (N, *shape) floats: in memory by design
+        if is_streamed(self.x_train):  # the chosen samples are gathered for each refresh: in memory by design
             raise ValueError("diffaug: needs the training images in memory (dataset.cache: memory)")
         kind = d.denoiser if d.denoiser != "auto" else ("unet" if self.image else "mlp")
         if kind == "unet" and not self.image:
@@ -82,8 +85,12 @@ class DiffAug(Augmentation):
         hi = torch.full(self.shape, 1.0) if self.image else self.x_train.max(0).values
         self.register_buffer("clip_lo", lo, persistent=False)
         self.register_buffer("clip_hi", hi, persistent=False)
-        self.positives: torch.Tensor | None = None  # (N, *shape) generated; rebuilt each epoch, not saved
-        self.gen_steps = d.gen_steps or self.auto_gen_steps(cfg, len(self.x_train))
+        # the epoch's generated positives, rebuilt each encoder epoch, not saved: `positives` (K, *shape) for
+        # the K samples drawn for replacement, `slot` (N,) each sample's row in it, -1 where not replaced
+        self.positives: torch.Tensor | None = None
+        self.slot: torch.Tensor | None = None
+        self.seed = cfg.train.seed
+        self._z_c: tuple | None = None  # (x, z_c): a B-step's batch and condition, for its extra updates
         # the last epoch of a B-phase: after it the generator never trains again (None: sync trains always)
         self.last_b = None if self.sync else self._last_b_epoch(cfg)
         self.register_state_dict_post_hook(_store_ema_once)
@@ -94,19 +101,6 @@ class DiffAug(Augmentation):
         self.d = cfg.diffaug
 
     # -- the generator's space: images in [-1, 1] (DDPM), vectors as they are (already standardised) --
-
-    @staticmethod
-    def auto_gen_steps(cfg, n_train: int, target: int = GEN_UPDATES) -> int:
-        """Generator updates per batch that give the run's B-phases about `target` updates in all."""
-        from augtune.phases import parse_phases
-
-        d = cfg.diffaug
-        per_epoch = max(1, n_train // cfg.train.batch_size)
-        if d.schedule.strip() == "sync":
-            b_epochs = cfg.train.epochs
-        else:
-            b_epochs = parse_phases(cfg.train.phases or d.schedule, cfg.train.epochs).count("B")
-        return int(min(MAX_GEN_STEPS, max(1, -(-target // max(1, b_epochs * per_epoch)))))
 
     @staticmethod
     def _last_b_epoch(cfg) -> int:
@@ -172,30 +166,43 @@ class DiffAug(Augmentation):
     def _encoder_step(self, info: StepInfo) -> bool:
         return self.sync or info.phase != "B"
 
+    def replacements(self, epoch: int) -> torch.Tensor:
+        """(N,) bool: which samples' positives are replaced in `epoch`, each with probability lambda, drawn
+        from a generator seeded by (train.seed, epoch) alone (the module doc)."""
+        seed = np.random.SeedSequence([self.seed, epoch, 0xD1FFA6]).generate_state(1)[0]
+        g = torch.Generator().manual_seed(int(seed))
+        return torch.rand(len(self.x_train), generator=g) < self.d.lam  # rand < 1 always: lambda 1 is all
+
     def on_epoch_start(self, method, info: StepInfo) -> None:
         if self.last_b is not None and 0 <= self.last_b < info.epoch:
             # no B-phase follows: the generator never trains again and only its EMA samples, so the generator
             # becomes that EMA (idempotent), which a checkpoint then holds once (_store_ema_once)
             self.generator.load_state_dict(self.ema_generator.state_dict())
-        if self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info):
-            device = next(self.generator.parameters()).device
-            x = as_float(self.x_train.to(device))  # uint8 images: float once per refresh, as the buffer is
-            # in the training's precision: the denoiser under bf16 autocast where the steps run so (the chain
-            # itself stays in the schedule's float32; tests/test_precision.py bounds the samples' error)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=info.autocast):
-                self.positives = self.generate(method, x)
+        if not (self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info)):
+            self.positives = self.slot = None  # before the first B-step: ordinary augmentation only
+            return
+        device = next(self.generator.parameters()).device
+        chosen = self.replacements(info.epoch).nonzero().squeeze(1)  # (K,) ascending sample indices
+        slot = torch.full((len(self.x_train),), -1, dtype=torch.long)
+        slot[chosen] = torch.arange(len(chosen))
+        x = as_float(self.x_train[chosen].to(device))  # (K, *shape): uint8 images float once per refresh
+        # in the training's precision: the denoiser under bf16 autocast where the steps run so (the chain
+        # itself stays in the schedule's float32; tests/test_precision.py bounds the samples' error)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=info.autocast):
+            self.positives = self.generate(method, x)
+        self.slot = slot.to(device)
+        if x.numel() > 1:
             # diagnostic: ~1 when the generated positives have the data's spread; >> 1 flags an
             # under-trained generator whose sampling chain amplified its noise (up to 1/sqrt(abar_T))
             self.meter.set("gen_std_ratio", float(self.positives.std() / x.std().clamp_min(1e-12)))
-        else:
-            self.positives = None  # before the first B-step: ordinary augmentation only
 
     def transform(self, batch: Batch, method, info: StepInfo) -> Batch:
         if self.positives is None or not self._encoder_step(info):
             return batch
         b = batch.x.shape[0]
-        replace = torch.rand(b, device=batch.x.device) < self.d.lam  # (B,) each positive w.p. lambda
-        gen = self.positives[batch.index]  # (B, *shape)
+        slot = self.slot[batch.index]  # (B,) each sample's row of the epoch's positives, -1: not replaced
+        replace = slot >= 0
+        gen = self.positives[slot.clamp_min(0)] if len(self.positives) else batch.views[1]  # (B, *shape)
         view = torch.where(replace.view(b, *([1] * len(self.shape))), gen, batch.views[1])
         self.meter.add("replaced", replace.float().mean(), weight=b)  # observed rate, ~lambda
         return batch.with_views([batch.views[0], view, *batch.views[2:]], diffaug_replaced=replace)
@@ -206,6 +213,7 @@ class DiffAug(Augmentation):
             z_c = self.condition(method, batch.x)
             terms["diffusion"] = self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c)
             if not self.sync:
+                self._z_c = (batch.x, z_c)  # the encoder is frozen in B: the step's extra updates reuse z_c
                 return terms
         if self.d.objective == "base":
             if not self.sync:
@@ -233,10 +241,16 @@ class DiffAug(Augmentation):
         if not (self.sync or info.phase == "B"):
             return
         self._ema()
-        for _ in range(self.gen_steps - 1):  # diffaug.gen_steps: more updates on the same batch
-            z_c = self.condition(method, batch.x)
-            update("generator", loss=self.ddpm.loss(self.generator, self._to_gen(batch.x), z_c))
-            self._ema()
+        if self.d.gen_steps > 1:  # diffaug.gen_steps: more updates on the same batch, fresh t and noise each
+            # the condition is the same for all of them: the encoder is frozen in B, and in sync it stepped
+            # once, before them
+            cached = self._z_c is not None and self._z_c[0] is batch.x
+            z_c = self._z_c[1] if cached else self.condition(method, batch.x)
+            x0 = self._to_gen(batch.x)
+            for _ in range(self.d.gen_steps - 1):
+                update("generator", loss=self.ddpm.loss(self.generator, x0, z_c))
+                self._ema()
+        self._z_c = None
 
     def epoch_metrics(self) -> dict[str, float]:
         # generator steps so far; the observed replacement rate (~lambda); std of generated positives /
