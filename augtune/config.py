@@ -260,8 +260,10 @@ class CoCorConfig:
     pool: Literal["all", "color", "affine"] = "all"  # basic augmentations the composites draw from (5.4)
     consistency: Literal["softplus", "abs"] = "softplus"  # App. A (batch means) or eq. 2 (per sample)
     mmnn: bool = True  # false: one constant target per length (App. F, Table 9)
-    # App. B's finite difference in its limit eps -> 0 (forward mode), or autograd through the step
-    meta: Literal["finite_difference", "exact"] = "finite_difference"
+    # how the MMNN's hypergradient is computed, exactly either way: forward_mode (App. B's central difference
+    # taken in its limit eps -> 0 by forward-mode differentiation: no second-order graph of the encoder) or
+    # exact (autograd through the look-ahead step)
+    meta: Literal["forward_mode", "exact"] = "forward_mode"
     # labelled part of train for the MMNN update
     label_fraction: float = _f(0.01, min=0, max=1, min_open=True)
     # samples per length in the MMNN update: its gradient is a batch mean, a subsample keeps it cheap

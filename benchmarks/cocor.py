@@ -1,7 +1,7 @@
 """What CoCor costs: MoCo+CoCor over MoCo epoch time, both trained side by side in one process.
 
 Run:  python benchmarks/cocor.py [--dataset digits] [--epochs 4] [--width 32] [--batch-size 256]
-                                 [--lengths 1,2,3] [--meta finite_difference] [--device auto]
+                                 [--lengths 1,2,3] [--meta forward_mode] [--device auto]
 
 The two trainers alternate epochs (MoCo, CoCor, MoCo, ...) so that both see the same machine
 state; the first epoch of each is a warm-up and is dropped. It prints the median epoch time of each
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lengths", default="1,2,3")
-    p.add_argument("--meta", default="finite_difference", choices=["finite_difference", "exact"])
+    p.add_argument("--meta", default="forward_mode", choices=["forward_mode", "exact"])
     p.add_argument("--meta-every", type=int, default=1)
     p.add_argument("--view-fraction", type=float, default=1.0)
     p.add_argument("--device", default="auto")

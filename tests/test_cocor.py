@@ -241,8 +241,8 @@ def _flat(grads) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backbone", ["mlp", "cnn"])
-def test_finite_difference_meta_gradient_is_the_exact_hypergradient_in_every_seed(digits, backbone):
-    """`finite_difference` (App. B's central difference in its limit eps -> 0, by forward mode)
+def test_forward_mode_meta_gradient_is_the_exact_hypergradient_in_every_seed(digits, backbone):
+    """`forward_mode` (App. B's central difference in its limit eps -> 0, by forward mode)
     against autograd through the look-ahead, over 29 draws of weights and batch (the first 20 and
     the known hard ones), float64: the same number up to rounding (measured 8e-15 relative). The
     anchor f(x) is under stop-gradient in both (a one-seed test once hid an estimate that
@@ -254,7 +254,7 @@ def test_finite_difference_meta_gradient_is_the_exact_hypergradient_in_every_see
         method, aug, x_l, y_l = _fresh_draw(digits, backbone, seed)
         obj = method.objective
         exact, c_exact, ce_exact = aug.meta_gradients(obj, aug._meta, x_l, y_l, eta, "exact")
-        fd, c_fd, ce_fd = aug.meta_gradients(obj, aug._meta, x_l, y_l, eta, "finite_difference")
+        fd, c_fd, ce_fd = aug.meta_gradients(obj, aug._meta, x_l, y_l, eta, "forward_mode")
         e, f = _flat(exact), _flat(fd)
         assert e.norm() > 0
         assert (f - e).norm() < 1e-10 * e.norm(), (seed, float((f - e).norm() / e.norm()))
@@ -287,7 +287,7 @@ def _central_difference(aug: CoCor, obj, meta, x_l, y_l, eta: float, eps: float)
     return _flat(torch.autograd.grad(quotient, list(aug.mmnn.parameters())))
 
 
-def test_finite_difference_is_the_limit_of_app_b_central_difference(digits):
+def test_forward_mode_is_the_limit_of_app_b_central_difference(digits):
     """The estimate is the limit eps -> 0 of App. B's difference quotient: in float64 on an MLP
     the quotient's error falls as eps^2 from eps = 1e-3 to 1e-4 (100x; more where 1e-3 crosses a
     ReLU kink; measured 17x to 3e5x, median 8e4x; asserted: median > 30x), and at eps = 1e-5 it
@@ -296,7 +296,7 @@ def test_finite_difference_is_the_limit_of_app_b_central_difference(digits):
     for seed in range(10):
         method, aug, x_l, y_l = _fresh_draw(digits, "mlp", seed)
         obj, meta = method.objective, aug._meta
-        est = _flat(aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "finite_difference")[0])
+        est = _flat(aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "forward_mode")[0])
         err = {}
         for eps in (1e-3, 1e-4, 1e-5):
             quotient = _central_difference(aug, obj, meta, x_l, y_l, 1e-3, eps)
@@ -306,15 +306,62 @@ def test_finite_difference_is_the_limit_of_app_b_central_difference(digits):
     assert sorted(ratios)[len(ratios) // 2] > 30, ratios
 
 
-def test_finite_difference_leaves_the_encoder_exactly_as_it_was(digits):
+def test_forward_mode_leaves_the_encoder_exactly_as_it_was(digits):
     torch.manual_seed(0)
     method = build_method(cfg_dict(cocor={"meta_batch": 16}), digits)
     aug: CoCor = method.augments[0]
     x = digits.x_train[:16]
     aug.loss_terms(Batch(x=x, views=(x, x), index=torch.arange(16)), None, method, StepInfo(0, 0, 1))
     before = [p.clone() for p in method.objective.encoder.parameters()]
-    aug.meta_gradients(method.objective, aug._meta, aug.x_lab, aug.y_lab, 1e-3, "finite_difference")
+    aug.meta_gradients(method.objective, aug._meta, aug.x_lab, aug.y_lab, 1e-3, "forward_mode")
     assert all(torch.equal(a, b) for a, b in zip(before, method.objective.encoder.parameters()))
+
+
+def _mmnn_after_steps(aug: CoCor, cfg, grads: list, scale: float, eps=None) -> list[torch.Tensor]:
+    """The MMNN's and classifier's parameters after one Adam step per gradient list in `grads`, each times
+    `scale`, from copies of their current values, with the optimiser the loop builds (`eps`: another)."""
+    from dataclasses import replace
+
+    from augtune.trainables.loop import make_optimizer
+
+    params = [p.detach().clone().requires_grad_(True) for p in aug.optimizer_specs()[0].params]
+    spec = replace(aug.optimizer_specs()[0], params=params)
+    opt = make_optimizer(spec if eps is None else replace(spec, eps=eps), cfg.train)
+    for g in grads:
+        for p, gi in zip(params, g):
+            p.grad = None if gi is None else scale * gi
+        opt.step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_mmnn_step_is_free_of_the_hypergradients_scale(digits, seed):
+    """The loss times 1e-3 or 1e3 gives the MMNN the same Adam steps up to rounding: its epsilon is far
+    below the hypergradient (~1e-8 an element). With torch's default 1e-8 the steps shrank with it."""
+    torch.manual_seed(seed)
+    cfg = cfg_dict(cocor={"meta_batch": 16})
+    method = build_method(cfg, digits)
+    aug: CoCor = method.augments[0]
+    grads = []
+    for k in range(4):  # four successive batches' hypergradients, at the same weights
+        x = digits.x_train[16 * (seed + k):16 * (seed + k + 1)]
+        aug.loss_terms(Batch(x=x, views=(x, x), index=torch.arange(16)), None, method, StepInfo(0, 0, 1))
+        g_d, g_c, _ = aug.meta_gradients(method.objective, aug._meta, aug.x_lab, aug.y_lab, 1e-3,
+                                         "forward_mode")
+        grads.append(g_d + g_c)
+    assert 0 < float(_flat([g for g in grads[0][:len(g_d)] if g is not None]).abs().median()) < 1e-6
+    start = [p.detach().clone() for p in aug.optimizer_specs()[0].params]
+    mmnn = len(g_d)  # the MMNN's parameters come first, then the classifier's
+
+    def steps(after: list) -> torch.Tensor:  # (P,) each parameter's change, the MMNN's only
+        return _flat([a - b for a, b in zip(after[:mmnn], start[:mmnn])])
+
+    ref = steps(_mmnn_after_steps(aug, cfg, grads, 1.0))
+    for scale in (1e-3, 1e3):
+        got = steps(_mmnn_after_steps(aug, cfg, grads, scale))
+        assert (got - ref).norm() < 1e-4 * ref.norm(), scale
+    damped = steps(_mmnn_after_steps(aug, cfg, grads, 1e-3, eps=1e-8))
+    assert damped.norm() < 0.5 * ref.norm()  # torch's default eps: a thousandth of the gradient barely moves
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,10 +392,10 @@ def test_bad_config_is_a_config_error_naming_the_key(digits):
 @pytest.mark.parametrize(
     "base,mmnn,meta",
     [
-        ("moco", True, "finite_difference"),
+        ("moco", True, "forward_mode"),
         ("simsiam", True, "exact"),
-        ("moco", False, "finite_difference"),
-        ("byol", True, "finite_difference"),
+        ("moco", False, "forward_mode"),
+        ("byol", True, "forward_mode"),
         ("simclr", True, "exact"),
     ],
 )

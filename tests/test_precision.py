@@ -95,7 +95,7 @@ def cocor_trained(request):
 
 
 def test_cocor_meta_gradient_in_float32_and_bf16_is_the_float64_hypergradient(cocor_trained):
-    """30 MMNN updates of a model trained 18 steps: the float32 estimate (finite_difference) and
+    """30 MMNN updates of a model trained 18 steps: the float32 estimate (forward_mode) and
     both modes under bf16 autocast against the float64 exact hypergradient, cosine > 0.999 and
     length within 10%. Both rest on <grad_e sim, u>, inner products over all encoder weights that
     measured 3e-5 to 5e-3 of |grad_e sim| |u|; float32 keeps them (measured here: cosine
@@ -117,9 +117,9 @@ def test_cocor_meta_gradient_in_float32_and_bf16_is_the_float64_hypergradient(co
             meta64 = tuple(t.double() for t in meta)
             ref = m64.augments[0].meta_gradients(m64.objective, meta64, x_l.double(), y_l, eta,
                                                  "exact")[0]
-            fd32 = aug.meta_gradients(obj, meta, x_l, y_l, eta, "finite_difference")[0]
+            fd32 = aug.meta_gradients(obj, meta, x_l, y_l, eta, "forward_mode")[0]
             with bf16():
-                fd16 = aug.meta_gradients(obj, meta, x_l, y_l, eta, "finite_difference")[0]
+                fd16 = aug.meta_gradients(obj, meta, x_l, y_l, eta, "forward_mode")[0]
                 exact16 = aug.meta_gradients(obj, meta, x_l, y_l, eta, "exact")[0]
         # autocast does not reach the meta step
         assert all(torch.equal(a, b) for a, b in zip(fd32, fd16))
@@ -153,10 +153,10 @@ def test_cocor_meta_gradient_on_the_gpu_is_the_float64_hypergradient(cocor_train
             ref = m64.augments[0].meta_gradients(m64.objective, meta64, x_l.cpu().double(), y_l.cpu(),
                                                  1e-3, "exact")[0]
             with bf16("cuda"):
-                fd16 = aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "finite_difference")[0]
+                fd16 = aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "forward_mode")[0]
                 exact16 = aug.meta_gradients(obj, meta, x_l, y_l, 1e-3, "exact")[0]
         ref = _flat(ref)
-        for name, est in (("bf16 finite_difference", _flat(fd16).cpu()),
+        for name, est in (("bf16 forward_mode", _flat(fd16).cpu()),
                           ("bf16 exact", _flat(exact16).cpu())):
             cos = float(F.cosine_similarity(est, ref, dim=0))
             ratio = float(est.norm() / ref.norm())

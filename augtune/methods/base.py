@@ -99,6 +99,7 @@ class OptimizerSpec:
     weight_decay: Optional[float] = None  # None: train.weight_decay
     phases: Optional[tuple[str, ...]] = None  # active only in these phases; None: always
     manual: bool = False  # stepped only through `update` from its owner's `after_step`, not every step
+    eps: Optional[float] = None  # Adam's epsilon; None: torch's 1e-8
 
 
 class EpochMeter:

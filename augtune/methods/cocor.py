@@ -5,10 +5,10 @@ Per step (Algorithm 1): the encoder trains on L_contrast + L_consistent with the
 ``loss_terms``); then the MMNN and a linear classifier train on cross-entropy over a small labelled
 subset through the one-step look-ahead theta_e'(theta_d) = theta_e - eta grad L_consistent (eqs. 4-5,
 8-11; ``after_step``), either exactly (``cocor.meta: exact``, autograd through the step, the encoder
-called at theta_e' through the objective's ``encode_with``) or as App. B's finite difference
-(``finite_difference``: the difference of L_consistent at theta_e +- eps u, u = dCE/dtheta_e at
-theta_e' as in DARTS, taken in its limit eps -> 0 by forward-mode differentiation, so only the
-MMNN is back-propagated). Both give the exact hypergradient; both run in IEEE float32 (or
+called at theta_e' through the objective's ``encode_with``) or by forward mode (``forward_mode``:
+App. B's central difference of L_consistent at theta_e +- eps u, u = dCE/dtheta_e at theta_e' as in
+DARTS, taken in its limit eps -> 0 by forward-mode differentiation, so only the MMNN is
+back-propagated). Both give the exact hypergradient; both run in IEEE float32 (or
 float64), whatever precision the encoder's step runs in (``ieee_fp32``). The look-ahead starts
 from the encoder the loop has just updated: the labelled step of Alg. 1 sees theta_e^(i), and
 eq. 11's second derivative is taken there.
@@ -32,7 +32,12 @@ from augtune.methods.cocor_ops import composite_views, pool_ops
 # BYOL's predictor + cosine as SimSiam's (augtune's choice: the paper has no constants for them).
 TABLE9 = {"moco": (0.80, 0.75, 0.65), "simsiam": (0.75, 0.70, 0.60)}
 _LIKE = {"simclr": "moco", "byol": "simsiam"}
-MMNN_LR = 1e-3  # Adam; the meta-gradient is O(eta_e), Adam's normalisation makes its scale irrelevant
+MMNN_LR = 1e-3  # Adam
+# Adam's step m / (sqrt(v) + eps) is free of the gradient's scale only while eps << sqrt(v). The
+# hypergradient is O(eta_e) small: about 1e-8 an element, torch's default eps, which damped the MMNN's
+# steps to about half (median sqrt(v) / (sqrt(v) + eps) = 0.46) and made them depend on its scale. Far
+# below any gradient float32 holds in v (g^2 >= ~1e-38), this eps leaves Adam's step scale-free.
+MMNN_EPS = 1e-30
 
 
 def constant_target(base: str, length: int) -> float:
@@ -132,7 +137,7 @@ def ieee_fp32(device: torch.device):
     of length l), inner products over all encoder weights that measured 3e-5 to 5e-3 of
     |grad_e sim_l| |u| (digits, after 3 epochs), so u needs far more relative precision than that.
     bf16's 2^-8 is not enough: in 60 draws of small MoCo/SimSiam models trained 3 epochs the cosine
-    with the float64 exact hypergradient fell to -0.86 (`exact`) and -0.79 (the finite difference)
+    with the float64 exact hypergradient fell to -0.86 (`exact`) and -0.79 (`forward_mode`)
     under bf16 autocast, and to -0.55 (both) with TF32 emulated on the CPU (operands rounded to 10
     bits). In IEEE float32: >= 0.99999 in every draw. The cost: the meta step without autocast or
     TF32; the encoder's own step keeps its precision."""
@@ -228,7 +233,7 @@ class CoCor(Augmentation):
                           info: StepInfo | None = None, z0: torch.Tensor | None = None,
                           params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """l_d = f(x)^T f(A(x)) (Definition 3), (L, B); x is encoded with stop-gradient (App. D), or
-        `z0` is that anchor already (the finite difference holds it fixed at theta while the views are
+        `z0` is that anchor already (`forward_mode` holds it fixed at theta while the views are
         encoded at the backbone weights `params`)."""
         if z0 is None:
             z0 = self.anchor(objective, x, info)  # (B, D)
@@ -268,7 +273,8 @@ class CoCor(Augmentation):
         if self.mmnn is None:
             return []
         params = list(self.mmnn.parameters()) + list(self.classifier.parameters())
-        return [OptimizerSpec("cocor", params, lr=MMNN_LR, kind="adam", weight_decay=0.0, manual=True)]
+        return [OptimizerSpec("cocor", params, lr=MMNN_LR, kind="adam", weight_decay=0.0, manual=True,
+                              eps=MMNN_EPS)]
 
     def labelled_batch(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         pick = torch.randperm(len(self.y_lab))[:n]
@@ -310,9 +316,9 @@ class CoCor(Augmentation):
             return list(grads[:len(d_params)]), list(grads[len(d_params):]), ce.detach()
         grads = torch.autograd.grad(ce, list(ahead.values()) + c_params, allow_unused=True)
         u = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, grads[:len(params)])]
-        return self._finite_difference(objective, meta, z0, t, u, eta), list(grads[len(params):]), ce.detach()
+        return self._forward_mode(objective, meta, z0, t, u, eta), list(grads[len(params):]), ce.detach()
 
-    def _finite_difference(self, objective, meta: tuple, z0: torch.Tensor, t: torch.Tensor,
+    def _forward_mode(self, objective, meta: tuple, z0: torch.Tensor, t: torch.Tensor,
                            u: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
         """-eta d/dtheta_d <grad_e L_consistent(theta_e, theta_d), u>: App. B's central difference
         -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps), theta+- = theta_e +- eps u, in its limit

@@ -84,7 +84,7 @@ def make_optimizer(spec: OptimizerSpec, train) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(spec.params, lr=lr, momentum=train.momentum, weight_decay=wd)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
-    return cls(spec.params, lr=lr, weight_decay=wd)
+    return cls(spec.params, lr=lr, weight_decay=wd, **({} if spec.eps is None else {"eps": spec.eps}))
 
 
 def tracked_keys(cfg: Config) -> tuple[str, ...]:
