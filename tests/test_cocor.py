@@ -382,6 +382,8 @@ def test_bad_config_is_a_config_error_naming_the_key(digits):
                           y_train=torch.randint(0, 2, (10,)))
     with pytest.raises(ConfigError, match="cocor.pool"):
         CoCor(cfg_dict(cocor={"pool": "color"}), vec)
+    with pytest.raises(ConfigError, match="cocor.meta: expected one of 'forward_mode', 'exact'"):
+        cfg_dict(cocor={"meta": "finite_difference"})  # the old name of forward_mode, which was no difference
     with pytest.raises(ConfigError, match="cocor.lengths"):
         CoCor(cfg_dict(cocor={"lengths": [0, 2]}), digits)
 
