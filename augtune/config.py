@@ -392,6 +392,9 @@ class CompareConfig:
     methods: Optional[tuple[str, ...]] = None
     bases: Optional[tuple[str, ...]] = None  # None: (method.base,); [simclr, byol, moco, simsiam] for all
     trials: int = _f(4, min=1)  # per entrant: Optuna TPE over its own space, the papers' defaults first
+    # the fewest search trials time_budget may leave an entrant (or trials, when fewer): one trial is no
+    # search, only the defaults; a budget that cannot give this many is refused, naming one that can
+    min_trials: int = _f(4, min=1)
     seeds: int = _f(3, min=1)  # the best configuration re-run on train.seed + 1 .. + seeds (shared by all)
     # how each entrant's search runs: asha (TPE, weak trials stopped early), none (TPE to the end), pbt or
     # pb2 (a population under `search.pbt`, each trial trained under a schedule of its per-epoch knobs; the
@@ -406,9 +409,9 @@ class CompareConfig:
     # samples, where which samples land in it moves accuracy by about as much as a method does; [init] on
     # larger ones, whose split (often a published one) then stays the one results are reported on
     vary: Optional[tuple[str, ...]] = None
-    # a wall-time budget such as 20m, 90s, 1.5h: trials and epochs shrink together (then seeds, to 2) until
-    # the compare's estimate fits, from each entrant's first epoch timed before Ray starts; the values above
-    # and train.epochs are the most it runs. None: no budget
+    # a wall-time budget such as 20m, 90s, 1.5h: trials and epochs shrink together (trials not below
+    # min_trials; then seeds, to 2) until the compare's estimate fits, from each entrant's first epoch timed
+    # before Ray starts; the values above and train.epochs are the most it runs. None: no budget
     time_budget: Optional[str] = None
     race: RaceConfig = field(default_factory=RaceConfig)
     # equivalence margin in the metric's units (0.01 = 1 point of an accuracy): the race stops when every

@@ -3,6 +3,7 @@ and what the plan, the progress line and the verdict say (issue 28.6)."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -145,3 +146,30 @@ def test_a_budgeted_race_sets_its_max_seeds(tmp_path):
     race = plan.cfg.compare.race
     assert race.enabled and 2 <= race.max_seeds < 400 and race.min_seeds <= race.max_seeds
     assert "(asked: 1 trials, 2 epochs, 400 seeds)" in plan.budget
+
+
+@pytest.mark.parametrize("budget_s", [90, 150, 300, 600, 1200, 2400, 4800])
+def test_the_fit_never_falls_below_min_trials_with_a_costly_entrant(budget_s):
+    """A fake entrant ten times the others' epoch cost (DiffAug's old share): whatever the budget, each
+    entrant keeps min_trials search trials (epochs and seeds give way), or the budget is refused naming
+    one that fits; asked for fewer trials than min_trials, the asked number is the floor."""
+    costs = [Cost("cheap", 1.0, 5.0), Cost("cheap2", 1.5, 5.0), Cost("costly", 10.0, 5.0, min_epochs=3)]
+    try:
+        got = allocate(costs, budget_s, trials=8, epochs=30, seeds=3, slots=2, start_s=30, min_trials=4)
+    except ConfigError as e:
+        asked = re.search(r"give at least (\d+)(s|m)", str(e))
+        assert asked, str(e)
+        enough = int(asked.group(1)) * (60 if asked.group(2) == "m" else 1)
+        again = allocate(costs, enough, trials=8, epochs=30, seeds=3, slots=2, start_s=30, min_trials=4)
+        assert again.trials == 4 and again.estimate_s <= enough  # the smallest search fits in it
+        return
+    assert got.trials >= 4 and got.epochs >= 3 and got.estimate_s <= budget_s
+    few = allocate(costs, budget_s * 10, trials=2, epochs=30, seeds=3, slots=2, start_s=30, min_trials=4)
+    assert few.trials == 2
+
+
+def test_the_refusal_names_the_smallest_budget_and_min_trials():
+    costs = [Cost("a", 10.0, 5.0), Cost("b", 10.0, 5.0)]
+    with pytest.raises(ConfigError, match=r"even 4 trials, 1 epoch\(s\) and 2 seeds .* give at least \d+m "
+                                          r"\(or lower compare.min_trials\)"):
+        allocate(costs, 120, trials=8, epochs=30, seeds=3, slots=2, min_trials=4)

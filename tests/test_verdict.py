@@ -436,3 +436,22 @@ def test_a_schedule_of_cocor_still_reads_labels():
     recs = runs({"simclr+cocor@pbt": [0.95, 0.96, 0.955], "simclr": [0.90, 0.91, 0.92]})
     assert {r.entrant: bool(r.semi) for r in verdict(recs, ("knn_acc",)).rows} == {
         "simclr+cocor@pbt": True, "simclr": False}
+
+
+def test_an_entrant_whose_search_ran_one_trial_is_named_untuned_first():
+    """A budget that left an entrant one search trial compares its defaults: the verdict's first sentence
+    says so in words, and its row's note too; entrants with more trials are not named."""
+    def trials(name: str, k: int) -> list[dict]:
+        return [{"status": "completed", "entrant": name, "method": name, "phase": "search",
+                 "params": {"train.lr": 0.1 * (i + 1)}} for i in range(k)]
+
+    repeat = runs({"a": [0.90, 0.91, 0.92], "b": [0.80, 0.82, 0.81], "c": [0.85, 0.86, 0.84]})
+    v = verdict(repeat, ("knn_acc",), search=trials("a", 4) + trials("b", 1) + trials("c", 1))
+    assert v.untuned == ("b", "c")
+    first = v.sentences()[0]
+    assert first.split(" ran one search trial")[0] == "Untuned defaults: b, c"
+    notes = {row[0]: row[-1] for row in v.table()[1:]}
+    assert "untuned defaults" in notes["b"] and "untuned defaults" not in notes["a"]
+    assert "Untuned defaults" in v.render("md")
+    searched = verdict(repeat, ("knn_acc",), search=trials("a", 2) + trials("b", 2) + trials("c", 3))
+    assert searched.untuned == () and not searched.sentences()[0].startswith("Untuned")

@@ -137,6 +137,7 @@ class Verdict:
     budget: str = ""  # what broke the equal budget of the entrants' searches, when something did
     splits: str = ""  # which split chose the configurations and which one these numbers are on
     time_budget: str = ""  # the compare.time_budget it ran under, and what that left each entrant
+    untuned: tuple[str, ...] = ()  # entrants whose search ran one trial: their defaults, never searched
 
     def best(self, metric: str) -> Optional[Row]:
         """The ranked row with the highest mean (named best only when `winner` says so)."""
@@ -155,9 +156,17 @@ class Verdict:
     # -- words ------------------------------------------------------------------------------------
 
     def sentences(self) -> list[str]:
-        return [self._sentence(m) for m in self.metrics] + [
+        return [self._untuned()] * bool(self.untuned) + [self._sentence(m) for m in self.metrics] + [
             t for t in (self._schedules(), self._race_apart(), self.budget, self.time_budget, self.splits)
             if t]
+
+    def _untuned(self) -> str:
+        """First, before any ranking: which rows compare configurations nobody searched."""
+        one = len(self.untuned) == 1
+        return (f"Untuned defaults: {_names(self.untuned)} ran one search trial, so "
+                f"{'its row is' if one else 'their rows are'} the default configuration, not a searched "
+                f"one; what follows compares {'it' if one else 'them'} untuned (a larger budget or "
+                "compare.trials searches).")
 
     def _schedules(self) -> str:
         """Schedule against constant: every method entered under both (`simclr+pinda@pbt` beside
@@ -364,6 +373,8 @@ class Verdict:
             notes.append(f"no better than untrained ({', '.join(bad)})")
         if r.semi:
             notes.append("semi-supervised")
+        if r.entrant in self.untuned:
+            notes.append("untuned defaults")
         return "; ".join(notes)
 
     def numbers(self) -> pd.DataFrame:
@@ -526,7 +537,18 @@ def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05
     return Verdict(sorted(rows, key=lambda r: r.entrant), means, metrics, test, alpha, unfinished,
                    decisions, ref_cells, race, margin, budget_note(list(search)),
                    splits_note(list(search), [r for runs in by_candidate.values() for r in runs]),
-                   time_note([r for runs in by_candidate.values() for r in runs]))
+                   time_note([r for runs in by_candidate.values() for r in runs]),
+                   untuned_entrants(list(search)))
+
+
+def untuned_entrants(search: Sequence[Mapping]) -> tuple[str, ...]:
+    """The entrants whose search ran a single trial (failed ones counted: it was all they had)."""
+    trials: dict[str, int] = {}
+    for r in search:
+        name = r.get("entrant") or r.get("method")
+        if isinstance(name, str) and r.get("phase", "search") == "search":
+            trials[name] = trials.get(name, 0) + 1
+    return tuple(sorted(n for n, k in trials.items() if k == 1))
 
 
 def time_note(repeat: Sequence[Mapping]) -> str:

@@ -17,9 +17,12 @@ The config's `compare.trials`, `train.epochs` and `compare.seeds` (a race's `max
 `finalists` runs a seed) are the most the compare runs. When
 their estimate passes the budget, trials and epochs shrink by one factor together (epochs never below
 what every entrant needs: a phase schedule such as DiffAug's keeps each of its phases at least one
-epoch), the largest factor that fits; only when the smallest of both does not fit do the seeds shrink,
-down to two (the fewest a paired test can use). Shorter still is refused before anything starts, with
-the estimate of the smallest design. Every entrant gets the same trials, epochs and seeds: the equal
+epoch; trials never below `compare.min_trials`), the largest factor that fits; only when the smallest
+of both does not fit do the seeds shrink, down to two (the fewest a paired test can use). Shorter still
+is refused before anything starts, naming the smallest budget that fits. The floor on trials is the
+point: a search of one trial is no search (the verdict would compare the entrants' defaults, and no
+importance can be computed), so a budget too short to search is refused rather than spent on
+defaults; fewer epochs still rank configurations, which is what the search is for. Every entrant gets the same trials, epochs and seeds: the equal
 budget holds. How close the estimate comes is measured on the results page ("time budget").
 """
 from __future__ import annotations
@@ -72,6 +75,11 @@ def _minutes(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
+def _ceil_minutes(s: float) -> str:
+    """A budget to ask for that covers `s` seconds, as `compare.time_budget` takes it: 90s, 21m."""
+    return f"{math.ceil(s)}s" if s < 120 else f"{math.ceil(s / 60)}m"
+
+
 def wall_s(costs: Sequence[Cost], trials: int, epochs: int, seeds: int, slots: int,
            start_s: float = START_S, per_seed: int = 1) -> float:
     """The estimated wall time of a compare of these entrants (see the module doc); `per_seed`: repeat
@@ -81,17 +89,19 @@ def wall_s(costs: Sequence[Cost], trials: int, epochs: int, seeds: int, slots: i
 
 
 def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int, seeds: int, slots: int,
-             start_s: float = START_S, per_seed: int = 1) -> Allocation:
+             start_s: float = START_S, per_seed: int = 1, min_trials: int = 1) -> Allocation:
     """The trials, epochs and seeds that fit `budget_s` (the module doc's rule); ConfigError when even
     the smallest design does not. `per_seed`: repeat runs per seed of an entrant (a race's finalists:
-    its seeds are then its `max_seeds`, the most it can run)."""
+    its seeds are then its `max_seeds`, the most it can run); `min_trials`: the fewest search trials an
+    entrant may get (`compare.min_trials`; the asked trials when fewer)."""
     floor_e = min(epochs, max((c.min_epochs for c in costs), default=1))
+    floor_t = max(1, min(trials, min_trials))
 
     def fits(t: int, e: int, s: int) -> bool:
         return wall_s(costs, t, e, s, slots, start_s, per_seed) <= budget_s
 
     def shrunk(k: float) -> tuple[int, int]:
-        return max(1, math.floor(trials * k)), max(floor_e, math.floor(epochs * k))
+        return max(floor_t, math.floor(trials * k)), max(floor_e, math.floor(epochs * k))
 
     s = seeds
     while not fits(*shrunk(0.0), s) and s > min(MIN_SEEDS, seeds):
@@ -99,8 +109,10 @@ def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int
     t, e = shrunk(0.0)
     if not fits(t, e, s):
         need = wall_s(costs, t, e, s, slots, start_s, per_seed)
+        fewer = " (or lower compare.min_trials)" if t > 1 else ""
         raise ConfigError(f"compare.time_budget: {_minutes(budget_s)} is too short for these entrants: even "
-                          f"{t} trial, {e} epoch(s) and {s} seeds each take about {_minutes(need)} here")
+                          f"{t} trial{'s' if t > 1 else ''}, {e} epoch(s) and {s} seeds each take about "
+                          f"{_minutes(need)} here; give at least {_ceil_minutes(need)}{fewer}")
     if s == seeds:  # the largest factor of trials and epochs that fits, to 1/1000
         lo, hi = 0.0, 1.0
         if fits(*shrunk(1.0), s):

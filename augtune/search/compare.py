@@ -200,7 +200,8 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     race = c.race
     # a race's most repeat runs: finalists x max_seeds per entrant (its seeds shrink as max_seeds)
     got = b.allocate(costs, total, trials=c.trials, epochs=cfg.train.epochs, seeds=repeat_seeds(c),
-                     slots=slots, start_s=b.START_S + spent, per_seed=race.finalists if race.enabled else 1)
+                     slots=slots, start_s=b.START_S + spent, per_seed=race.finalists if race.enabled else 1,
+                     min_trials=c.min_trials)
     if race.enabled:
         race = replace(race, max_seeds=got.seeds, min_seeds=min(race.min_seeds, got.seeds))
     seeds = c.seeds if c.race.enabled else got.seeds  # a race's are its max_seeds
