@@ -30,8 +30,9 @@ that runs past it):
   each against the base as the papers' tables give it: `x_base` = the method's epoch-equivalent
   seconds over the base's (what an epoch costs relative to the base). DiffAug is timed per phase
   (B: generator steps; A: encoder steps with generated positives) on 5120 images (ten full
-  batches), and its refresh (the positives of every training image, generated at the start of each
-  A-epoch) is reported in seconds per 1000 images and folded into its A epoch-equivalent.
+  batches), and its refresh (at the start of each A-epoch, the positives of the ~lambda of the
+  training images that the epoch replaces) is reported in seconds per 1000 generated images and folded
+  into its A epoch-equivalent.
 - share: trials sharing one GPU, as `resources.gpus_per_worker: 0.25` lets four do: the main job's
   trial (examples/compare_digits.yaml: digits, CNN width 16, batch 128) in 1 process alone, then in
   4 processes at once, each training for the same wall time; total samples/s of 4 against 1. The
@@ -46,10 +47,21 @@ that runs past it):
   (`--device cpu`) the same code runs over 2 gloo processes: a check that the path works, not a
   speed figure.
 
+- showcase: every method on all of Fashion-MNIST's images, `augtune compare examples/compare_fashion.yaml`
+  (ResNet-18 with the CIFAR stem, the race), with `compare.time_budget` set to what is left of
+  `--budget-s` less a minute, four trials sharing the GPU; its output's last 80 lines (the verdict)
+  go into the JSON. It wants a device window of its own, so a plain run leaves it out:
+
+      python benchmarks/gpu_check.py --only showcase --budget-s 600 --data-root DIR --out showcase.json
+
+  (DIR: Fashion-MNIST's four IDX `.gz` files, carried along; default Debian's
+  /usr/share/datasets/fashion-mnist). Skipped with its reason where the files are not there.
+
 `--tiny` (for `--device cpu`): the same parts on small inputs (a 3x16x16 set of 256, batch 32, the
 small CNN instead of ResNet-18, a few steps; compile with dynamo's eager backend; the compare job
-with one entrant, one trial, one seed, one epoch), so that every part runs in under 2 minutes on
-two CPU cores (share: 2 processes); tests/test_gpu_check.py runs it, so the script cannot rot.
+with one entrant, one trial, one seed, one epoch; the showcase on 512 of Fashion-MNIST's images with a
+small CNN, two entrants, the time budget as above), so that every part runs in a few minutes on two
+CPU cores (share: 2 processes); tests/test_gpu_check.py runs it, so the script cannot rot.
 
 JSON (`--out FILE`, rewritten after every part, so a killed run keeps what it measured):
 
@@ -76,8 +88,8 @@ Fields per part (units in the names; null where a device does not have it):
               top_host [{name, ms_per_step, calls_per_step}] (GPU fields null on a CPU)
     methods:  setting (the variant), n, batch, steps, runs {NAME: {samples_per_s, epoch_s, step_ms,
               peak_mem_gib, loss, x_base}} for NAME in simclr, pinda, cocor, nrcc, diffaug_B, diffaug_A;
-              diffaug_A also has refresh_s_per_1000, n_refreshed, and an epoch_s that includes
-              the refresh of the 50 000 images
+              diffaug_A also has refresh_s_per_1000 (per 1000 generated), n_refreshed (of its
+              n_diffaug images), and an epoch_s that includes the refresh for 50 000 images
     share:    how ("processes"), config, measure_s, alone {samples_per_s}, shared {processes,
               samples_per_s [per process], total_samples_per_s}, ratio (total shared / alone)
     compare:  command [argv], rc, wall_s, tail (last lines of its output)
@@ -113,7 +125,10 @@ from augtune.data.batches import as_float  # noqa: E402
 from augtune.data.datasets import DataSplit  # noqa: E402
 from augtune.trainables.loop import Trainer  # noqa: E402
 
-PARTS = ("env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp")
+PARTS = ("env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp", "showcase")
+# parts a plain run leaves out: the showcase wants a device window of its own (`--only showcase`)
+OWN_WINDOW = ("showcase",)
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 VARIANTS = {  # name -> train section
     "fp32": {"precision": "fp32"},
     "bf16": {"precision": "bf16"},
@@ -613,7 +628,8 @@ def part_methods(check: Check) -> dict:
 
 def diffaug_runs(sizes: Sizes, device: str, train: dict) -> dict:
     """DiffAug per phase on `sizes.n_diffaug` images: B (generator) and A (encoder with generated
-    positives); the refresh at the start of each A-epoch is timed apart and scaled to `sizes.n`."""
+    positives); the refresh at the start of each A-epoch (the positives of the ~lambda of the images
+    that the epoch replaces) is timed apart and scaled to `sizes.n`."""
     n = sizes.n_diffaug
     trainer = Trainer(
         config(sizes, device, train, METHODS["diffaug"], epochs=4),
@@ -643,11 +659,11 @@ def diffaug_runs(sizes: Sizes, device: str, train: dict) -> dict:
             epoch_s=round(sizes.n / rate, 2),
         )
         if phase == "A":
-            per_1000 = spent / n * 1000
+            made = len(trainer.method.augments[0].positives)  # this epoch's chosen ~lambda n
             m.update(
-                refresh_s_per_1000=round(per_1000, 3),
-                epoch_s=round(sizes.n / rate + per_1000 * sizes.n / 1000, 2),
-                n_refreshed=n,
+                refresh_s_per_1000=round(spent / max(1, made) * 1000, 3),
+                epoch_s=round(sizes.n / rate + spent * sizes.n / n, 2),  # the refresh scales with n too
+                n_refreshed=made,
             )
         out[f"diffaug_{phase}"] = m
     return out
@@ -752,11 +768,8 @@ def worker_share(spec_json: str, stem: str) -> None:
 
 
 def part_compare(check: Check) -> dict:
-    device, tiny = check.args.device, check.args.tiny
-    sets = [f"train.device={device}"]
-    if (
-        tiny
-    ):  # one entrant, one trial, one seed, one epoch: Ray's start and the job's path, cheaply
+    sets = [f"train.device={check.args.device}"]
+    if check.args.tiny:  # one entrant, one trial, one seed, one epoch: Ray's start and the job's path
         sets += [
             "compare.trials=1",
             "compare.seeds=1",
@@ -767,46 +780,56 @@ def part_compare(check: Check) -> dict:
             "eval.metrics=[knn]",
             "compare.metrics=[knn_acc]",
         ]
+    return compare_job(check, ROOT / "examples" / "compare_digits.yaml", sets, lines=8)
+
+
+def part_showcase(check: Check) -> dict:
+    """examples/compare_fashion.yaml: every method on all of Fashion-MNIST's images (ResNet-18 with the
+    CIFAR stem, the race), under a `compare.time_budget` fitted to what is left of the check's budget."""
+    root = Path(check.args.data_root)
+    if not (root / "t10k-labels-idx1-ubyte.gz").is_file():
+        raise Skip(f"no Fashion-MNIST IDX files in {root} (Debian's dataset-fashion-mnist, or --data-root "
+                   "pointing at the files carried along)")
+    budget_s = int(check.remaining() - SHOWCASE_MARGIN_S)  # the rest: the verdict, the report, Ray's stop
+    sets = [f"dataset.root={root}", f"compare.time_budget={budget_s}s", f"train.device={check.args.device}"]
+    if check.args.device == "cuda":  # four trials share the GPU (and its 16 cores, cpus_per_worker: 4)
+        sets += ["resources.use_gpu=true", "resources.gpus_per_worker=0.25"]
+    if check.args.tiny:  # a tiny subset and a small CNN: the part's path on two CPU cores
+        sets += ["dataset.max_train=512", "dataset.max_test=256", "model.backbone=cnn", "model.width=4",
+                 "train.batch_size=64", "train.epochs=3", "train.num_threads=1",
+                 "resources.cpus_per_worker=1", "compare.methods=[base,pinda]", "compare.trials=1",
+                 "compare.min_trials=1", "compare.seeds=2", "compare.race.enabled=false",
+                 "eval.metrics=[knn]", "compare.metrics=[knn_acc]", "pinda.width=4"]
+    out = compare_job(check, ROOT / "examples" / "compare_fashion.yaml", sets, lines=80)
+    return {"budget_s": budget_s, **out}
+
+
+SHOWCASE_MARGIN_S = 60  # seconds the showcase keeps back from its compare's time budget
+
+
+def compare_job(check: Check, config: Path, sets: list[str], lines: int) -> dict:
+    """`augtune compare CONFIG --set ...` in a temporary folder, timed: its exit status, wall seconds and
+    the last `lines` lines of its output (the verdict's), stopped with its Ray by the time guard."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-compare-") as tmp:
-        argv = [
-            sys.executable,
-            "-m",
-            "augtune.cli",
-            "compare",
-            str(ROOT / "examples" / "compare_digits.yaml"),
-            "--storage",
-            tmp,
-            "--name",
-            "gpu-check",
-        ]
+        argv = [sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage", tmp,
+                "--name", "gpu-check"]
         for item in sets:
             argv += ["--set", item]
         timeout = max(10.0, check.remaining() - 25)  # room to stop it and its Ray
         t0 = time.monotonic()
         # its own session: on the time guard, the job and the Ray it started are stopped as a group
-        proc = subprocess.Popen(
-            argv,
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        proc = subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_group(proc)
             raise TimeGuard(f"time guard: the compare job ran past {timeout:.0f} s") from None
         wall = time.monotonic() - t0
-    tail = output.strip().splitlines()[-8:]
+    tail = output.strip().splitlines()[-lines:]
     if proc.returncode:
         raise RuntimeError(f"exit status {proc.returncode}: {tail[-1] if tail else ''}")
-    return {
-        "command": ["augtune", *argv[3:]],
-        "rc": proc.returncode,
-        "wall_s": round(wall, 1),
-        "tail": tail,
-    }
+    return {"command": ["augtune", *argv[3:]], "rc": proc.returncode, "wall_s": round(wall, 1), "tail": tail}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -1051,6 +1074,11 @@ def table(result: dict) -> str:
         )
     else:
         rows.append(("ddp", "", "", "", "", "", status("ddp")))
+    if "showcase" in parts:
+        s = parts["showcase"]
+        note = (f"{s['wall_s']:.0f} s of a {s['budget_s']} s budget, exit {s['rc']}: the verdict in the JSON"
+                if s.get("status") == "ok" else status("showcase"))
+        rows.append(("showcase", "compare_fashion.yaml", "", "", "", "", note))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [
         "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths)) + "  " + str(r[-1])
@@ -1073,7 +1101,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--out", help="the JSON file (rewritten after every part)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="global time guard, seconds")
-    ap.add_argument("--only", help="comma-separated parts to run (default: all)")
+    ap.add_argument("--only", help="comma-separated parts to run (default: all but showcase; --tiny: all)")
+    ap.add_argument("--data-root", default=FASHION_MNIST,
+                    help="the folder of Fashion-MNIST's IDX files, for the showcase (carried along to a GPU)")
     ap.add_argument(
         "--methods-variant",
         default="bf16_cl",
@@ -1084,7 +1114,7 @@ def main(argv: list[str] | None = None) -> dict:
     check = Check(args)
     check.sizes = Sizes(args.tiny)
     check.views_ms, check.variants = None, {}
-    only = set(args.only.split(",")) if args.only else set(PARTS)
+    only = set(args.only.split(",")) if args.only else set(PARTS) - (set() if args.tiny else set(OWN_WINDOW))
     need = {
         "env": 1,
         "views": 2,
@@ -1094,9 +1124,10 @@ def main(argv: list[str] | None = None) -> dict:
         "share": 15,
         "compare": 30,
         "ddp": 15,
+        "showcase": 90,
     }
     if not args.tiny:
-        need.update(resnet18=60, profile=30, methods=60, share=45, compare=120, ddp=45)
+        need.update(resnet18=60, profile=30, methods=60, share=45, compare=120, ddp=45, showcase=300)
     fns = {
         "env": part_env,
         "views": part_views,
@@ -1106,6 +1137,7 @@ def main(argv: list[str] | None = None) -> dict:
         "share": part_share,
         "compare": part_compare,
         "ddp": part_ddp,
+        "showcase": part_showcase,
     }
     for name in PARTS:
         if name in only:

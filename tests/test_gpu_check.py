@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")  # the showcase's data
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,10 @@ def test_the_tiny_check_runs_every_part_on_the_cpu(tmp_path):
     failed = {
         k: v.get("error") or v.get("reason") for k, v in parts.items() if v["status"] != "ok"
     }
-    assert list(parts) == ["env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp"]
+    assert list(parts) == ["env", "views", "resnet18", "profile", "methods", "share", "compare", "ddp",
+                           "showcase"]
+    if not FASHION.is_file():  # the showcase's data (CI installs it): skipped with the reason
+        assert "no Fashion-MNIST IDX files" in failed.pop("showcase")
     assert not failed, failed
     variants = parts["resnet18"]["variants"]
     assert list(variants) == ["fp32", "bf16", "bf16_cl", "bf16_cl_compile", "bf16_cl_graphs"]
@@ -120,5 +124,9 @@ def test_the_tiny_check_runs_every_part_on_the_cpu(tmp_path):
     assert prof["views_host_ms"] > 0 and prof["top_host"][0]["ms_per_step"] > 0
     assert parts["share"]["ratio"] > 0 and parts["share"]["how"] == "processes"
     assert parts["compare"]["rc"] == 0 and parts["ddp"]["backend"] == "gloo"
+    if FASHION.is_file():  # every entrant's verdict line, under a budget fitted to what was left
+        show = parts["showcase"]
+        assert show["rc"] == 0 and 0 < show["budget_s"] < result["budget_s"]
+        assert any("simclr+pinda" in line for line in show["tail"]), show["tail"]
     for name in parts:
         assert name in proc.stdout  # the table
