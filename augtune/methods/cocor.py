@@ -319,7 +319,7 @@ class CoCor(Augmentation):
         return self._forward_mode(objective, meta, z0, t, u, eta), list(grads[len(params):]), ce.detach()
 
     def _forward_mode(self, objective, meta: tuple, z0: torch.Tensor, t: torch.Tensor,
-                           u: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
+                      u: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
         """-eta d/dtheta_d <grad_e L_consistent(theta_e, theta_d), u>: App. B's central difference
         -eta [d_d L(theta+) - d_d L(theta-)] / (2 eps), theta+- = theta_e +- eps u, in its limit
         eps -> 0 (the exact hypergradient -eta (d^2 L / d theta_d d theta_e)^T dCE(theta')).
