@@ -23,7 +23,8 @@ is refused before anything starts, naming the smallest budget that fits. The flo
 point: a search of one trial is no search (the verdict would compare the entrants' defaults, and no
 importance can be computed), so a budget too short to search is refused rather than spent on
 defaults; fewer epochs still rank configurations, which is what the search is for. Every entrant gets
-the same trials, epochs and seeds: the equal budget holds. How close the estimate comes is measured on the results page ("time budget").
+the same trials, epochs and seeds: the equal budget holds. How close the estimate comes is measured on
+the results page ("time budget").
 """
 from __future__ import annotations
 
