@@ -77,7 +77,8 @@ def _minutes(s: float) -> str:
 
 
 def _ceil_minutes(s: float) -> str:
-    """A budget to ask for that covers `s` seconds, as `compare.time_budget` takes it: 90s, 21m."""
+    """A budget to ask for that covers `s` seconds, as `compare.time_budget` takes it: 90s, 21m (the
+    refusal asks for a tenth more than its estimate: the next run measures the entrants again)."""
     return f"{math.ceil(s)}s" if s < 120 else f"{math.ceil(s / 60)}m"
 
 
@@ -113,7 +114,7 @@ def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int
         fewer = " (or lower compare.min_trials)" if t > 1 else ""
         raise ConfigError(f"compare.time_budget: {_minutes(budget_s)} is too short for these entrants: even "
                           f"{t} trial{'s' if t > 1 else ''}, {e} epoch(s) and {s} seeds each take about "
-                          f"{_minutes(need)} here; give at least {_ceil_minutes(need)}{fewer}")
+                          f"{_minutes(need)} here; give at least {_ceil_minutes(1.1 * need)}{fewer}")
     if s == seeds:  # the largest factor of trials and epochs that fits, to 1/1000
         lo, hi = 0.0, 1.0
         if fits(*shrunk(1.0), s):
