@@ -1,7 +1,8 @@
 """Controls on real training: does the verdict separate entrants that are the same (it must not), and
 entrants that differ (it should)?
 
-Run:  python benchmarks/controls.py [--compares 20] [--seeds 6] [--data digits] [--out controls.json]
+Run:  python benchmarks/controls.py [--compares 20] [--seeds 6] [--data digits] [--handicap epochs|views]
+                                    [--parts negative,positive] [--out controls.json]
       python benchmarks/controls.py --tiny        # every part, small, in about a minute (the suite)
 
 Real: every number is a real training run (`augtune.trainables.train_run`, the main job's model:
@@ -124,7 +125,9 @@ def table(result: dict) -> str:
     rows = ["| control | n | rate | goal | measured gap (points) | detectable (median, points) |",
             "| --- | ---: | ---: | --- | ---: | ---: |"]
     for kind, key, goal in (("negative", "false_separation", f"<= {ALPHA}"), ("positive", "power", ">= 0.8")):
-        part = result[kind]
+        part = result.get(kind)
+        if part is None:
+            continue
         for n in part["looks"]:
             det = part.get(f"detectable_n{n}")
             rows.append(f"| {kind} | {n} | {part[f'{key}_n{n}']:.2f} ± {part[f'{key}_n{n}_se']:.2f} | {goal} "
@@ -139,6 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--data", choices=("digits", "fashion"), default="digits")
     ap.add_argument("--handicap", choices=("epochs", "views"), default="epochs")
     ap.add_argument("--tiny", action="store_true", help="2 compares of 3 seeds, tiny data and network")
+    ap.add_argument("--parts", default="negative,positive", help="comma-separated controls to run")
     ap.add_argument("--out", help="the JSON file")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"schema": 1, "command": " ".join(sys.argv), "data": args.data, "handicap": args.handicap,
               "compares": args.compares, "seeds": args.seeds, "alpha": ALPHA, "tiny": args.tiny}
     with tempfile.TemporaryDirectory(prefix="augtune-controls-") as tmp:
-        for kind in ("negative", "positive"):
+        for kind in args.parts.split(","):
             result[kind] = control(kind, args.compares, args.seeds, cfgs, Path(tmp), print)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     if args.out:
