@@ -105,7 +105,7 @@ def control(kind: str, compares: int, seeds: int, cfgs: tuple, folder: Path, log
         out["gaps"] += [by[(names[0], p)] - by[(names[1], p)] for p in range(seeds)]
         out["compares"].append({str(n): decide(records, n) for n in looks})
         log(f"{kind} {c + 1}/{compares}: " + ", ".join(
-            f"n={n} {'separated' if d['separated'] else 'not separated'}"
+            f"n={n} {'separated' if d['separated'] else 'not separated'} (leader {d['leader']})"
             for n, d in ((n, out["compares"][-1][str(n)]) for n in looks)))
     for n in looks:
         ds = [cmp[str(n)] for cmp in out["compares"]]
@@ -113,8 +113,8 @@ def control(kind: str, compares: int, seeds: int, cfgs: tuple, folder: Path, log
         key = "false_separation" if kind == "negative" else "power"
         out[f"{key}_n{n}"] = hits / len(ds)
         out[f"{key}_n{n}_se"] = math.sqrt(hits * (len(ds) - hits) / len(ds) ** 3)  # binomial
-        out[f"detectable_n{n}"] = sorted(d["detectable"] for d in ds if d["detectable"])[len(ds) // 2] \
-            if any(d["detectable"] for d in ds) else None
+        stated = sorted(d["detectable"] for d in ds if d["detectable"])  # a separated pair states none
+        out[f"detectable_n{n}"] = stated[len(stated) // 2] if stated else None
     gaps = torch.tensor(out.pop("gaps"), dtype=torch.float64)
     out["true_gap"] = float(gaps.mean())  # every pair's difference over the whole run
     out["true_gap_se"] = float(gaps.std() / math.sqrt(len(gaps))) if len(gaps) > 1 else None
