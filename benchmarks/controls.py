@@ -65,6 +65,10 @@ def configs(data: str, tiny: bool, handicap: str) -> tuple:
     return base, worse
 
 
+_RUNS: dict[tuple, dict] = {}  # (config, pair, train_seed) -> record: the positive control's unhandicapped
+# runs are the negative control's first entrant's, trained once
+
+
 def run(cfg, pair: int, train_seed: int, folder: Path, name: str) -> dict:
     """One real training run: `cfg` on split `pair` with weights and views of `train_seed`."""
     from dataclasses import replace
@@ -72,10 +76,13 @@ def run(cfg, pair: int, train_seed: int, folder: Path, name: str) -> dict:
     from augtune.data import load_dataset
     from augtune.trainables import train_run
 
-    cfg = replace(cfg, train=replace(cfg.train, seed=train_seed),
-                  dataset=replace(cfg.dataset, split_seed=pair, resplit=True))
-    record = train_run(cfg, load_dataset(cfg.dataset), folder / f"{name}-{pair}-{train_seed}",
-                       log=lambda s: None)
+    key = (cfg, pair, train_seed)  # a Config is a frozen dataclass: hashable, equal by value
+    if key not in _RUNS:
+        cfg = replace(cfg, train=replace(cfg.train, seed=train_seed),
+                      dataset=replace(cfg.dataset, split_seed=pair, resplit=True))
+        _RUNS[key] = train_run(cfg, load_dataset(cfg.dataset), folder / f"{name}-{pair}-{train_seed}",
+                               log=lambda s: None)
+    record = _RUNS[key]
     # the verdict pairs by seed: pair i's two runs share it, as a compare's seed i does
     return {**record, "entrant": name, "method": name, "seed": pair}
 
