@@ -7,8 +7,14 @@
     print(exp.verdict().render("md"))     # the verdict `augtune compare` prints
     exp.table()                            # the verdict's numbers: a pandas DataFrame
     exp.runs(phase="repeat")               # one row per run
-    exp.importance(), exp.report()         # {entrant: line}, the report's path
+    exp.importance(), exp.report()         # a DataFrame (entrant, key, importance), the report's path
+    best = exp.best()                      # the best entrant's configuration, score and trained encoder
+    x, y = best.features("test")           # numpy features and labels, for a classifier of your own
+    exp.trials(), exp.figure("search")     # one row per trial; a matplotlib Figure
     augtune.load("results/digits-nb")      # the same Experiment, from its folder, later
+
+In a notebook an `Experiment`, a `Run` and a `Best` show their answer (`_repr_markdown_`, `_repr_html_`):
+the best entrant and its score, the trials; a run's final scores.
 
 `import augtune` loads neither torch nor Ray: each function imports what it needs when called. A
 search or compare shows one updating progress line (in a notebook too) and sends Ray's own messages to
@@ -19,18 +25,19 @@ starts; Ctrl-C (a notebook's interrupt) raises `SearchInterrupted`, whose messag
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 ConfigLike = Union[str, Path, Mapping, "Config", None]  # noqa: F821 (augtune.config.Config)
 
 
-def config_from(source: ConfigLike = None, overrides: Union[Mapping, Sequence[str], None] = None, /,
+def config_from(source: ConfigLike = None, overrides: Union[Mapping, Sequence[str], None] = None,
                 **sections: Mapping) -> Any:
     """A checked `Config` from a YAML file, a dict (nested sections or dotted keys) or a Config, with
-    `overrides` (a {dotted key: value} dict or `key=value` strings, as `--set`) and whole sections as
-    keywords (`train={"epochs": 5}`). Unknown keys and bad values raise ConfigError naming the key."""
+    `overrides` (a {dotted key: value} dict or `key=value` strings, as `--set`; positional or keyword) and
+    whole sections as keywords (`train={"epochs": 5}`; no section is named `source` or `overrides`).
+    Unknown keys and bad values raise ConfigError naming the key."""
     from augtune.checks import check_config
     from augtune.config import Config, apply_overrides, from_dict, load_config, set_values, to_dict
     from augtune.plots import PLOTS
@@ -54,15 +61,103 @@ def config_from(source: ConfigLike = None, overrides: Union[Mapping, Sequence[st
 
 @dataclass
 class Run:
-    """One training run (`augtune train`): its folder and its record."""
+    """One training run (`augtune train`): its folder and its record; its trained network and features
+    from its checkpoint when asked."""
 
     path: Path
     record: dict
+    _loaded: Any = field(default=None, repr=False, compare=False)  # augtune.plots.Run, on first use
 
     @property
     def final(self) -> dict:
         """The final metrics, beside the reference rows' (`record["references"]`)."""
         return dict(self.record.get("final") or {})
+
+    def encoder(self):
+        """The trained network that evaluation scored (`eval.encoder`: input normalisation and backbone),
+        loaded from the run's checkpoint with `weights_only=True`: a torch module in eval mode, on the GPU
+        when there is one, taking the data set's inputs as floats (images scaled to [0, 1])."""
+        return self._run().encoder
+
+    def features(self, split: str = "test"):
+        """(features (N, F) float32, labels (N,)) of the run's data split (`train`, `test` or `val`) under
+        its trained encoder, as numpy arrays: what its k-NN and probes scored."""
+        run = self._run()
+        x = run.features(split).numpy()
+        return x, getattr(run.data, f"y_{split}").cpu().numpy()
+
+    def figure(self, kind: str, which: Optional[str] = None, path: Union[str, Path, None] = None):
+        """Figure `kind` of this run (`augtune plot KIND RUN`) as a matplotlib Figure (`which`, `path`: as
+        `augtune.plots.figure`)."""
+        from augtune.plots import figure
+
+        return figure(kind, [self._run()], which, path)
+
+    def _run(self):
+        from augtune.config import ConfigError
+        from augtune.plots import load_run
+        from augtune.records import is_uri
+
+        if self._loaded is None:
+            if is_uri(self.path):
+                raise ConfigError(f"{self.path}: a run kept in cloud storage; copy its folder (with its "
+                                  "checkpoint) here and use augtune.plots.load_run")
+            self._loaded = load_run(Path(self.path))
+        return self._loaded
+
+    def _repr_markdown_(self) -> str:
+        r = self.record
+        epochs = len(r.get("epochs") or [])
+        scores = " · ".join(f"{k} {_shown(k, v)}{_unit(k)}" for k, v in _scores(r).items())
+        return _markdown([f"**augtune run** `{Path(str(self.path)).name}`: {r.get('method')} on "
+                          f"{r.get('dataset')}, seed {r.get('seed')}, {r.get('status')} after {epochs} "
+                          f"epoch{'s' * (epochs != 1)}", scores or "no final scores"])
+
+    def _repr_html_(self) -> str:
+        return _html(self._repr_markdown_())
+
+
+@dataclass
+class Best:
+    """The best configuration of an experiment (`Experiment.best`): its entrant, parameters and score,
+    and the runs that measured it, whose first (`run`, its first seed's) gives the trained network."""
+
+    entrant: str
+    metric: str
+    score: float  # the mean of `metric` over the runs (a compare's: its verdict's number)
+    std: float  # their standard deviation (0 over one run)
+    n: int  # the runs the mean is over
+    split: str  # the split `score` is on: test (a repeat's runs), val (search trials on a validation split)
+    params: dict  # the searched {dotted key: value} that make it
+    seeds: dict  # {seed: value of `metric`} of each run
+    config: Any = field(repr=False)  # its first run's resolved Config: `augtune.train(best.config)`
+    runs: tuple = field(default=(), repr=False)  # a `Run` per seed, by seed
+
+    @property
+    def run(self) -> Run:
+        """Its first seed's run."""
+        from augtune.config import ConfigError
+
+        if not self.runs:
+            raise ConfigError("an experiment in cloud storage: its runs' checkpoints stay there; copy the "
+                              "experiment here (augtune.load of the folder) for its trained network")
+        return self.runs[0]
+
+    def encoder(self):
+        """The trained network of its first run (`Run.encoder`)."""
+        return self.run.encoder()
+
+    def features(self, split: str = "test"):
+        """(features, labels) of a split under the first run's encoder (`Run.features`)."""
+        return self.run.features(split)
+
+    def _repr_markdown_(self) -> str:
+        params = ", ".join(f"{k} = {_shown('', v)}" for k, v in self.params.items())
+        return _markdown([f"**{self.entrant}**: {_score(self)}",
+                          params[:400] or "its defaults (nothing searched)"])
+
+    def _repr_html_(self) -> str:
+        return _html(self._repr_markdown_())
 
 
 class Experiment:
@@ -98,13 +193,150 @@ class Experiment:
         with self._local() as folder:
             return answer(folder, write=False).verdict
 
-    def importance(self) -> dict[str, str]:
-        """Which hyperparameters mattered: one line per entrant (Optuna's fANOVA over the records)."""
-        from augtune.analysis.compare import answer
+    def importance(self):
+        """Which hyperparameters mattered (Optuna's fANOVA over the search trials' records, PED-ANOVA
+        where fANOVA cannot run; `augtune importance`): a pandas DataFrame with columns `entrant`, `key`,
+        `importance` (floats, an entrant's summing to 1) and `method`, most important first; an entrant
+        with too few trials has no row, and `attrs["skipped"]` says why."""
+        from augtune.analysis import find_records
+        from augtune.analysis.importance import importance_frame
+        from augtune.records import read_record
 
-        self._need_compare()
         with self._local() as folder:
-            return answer(folder, write=False).importances
+            metric, mode = self._goal(folder)
+            searches: dict[str, list[dict]] = {}
+            for path in self._paths(folder, "search", find_records):
+                record = _read(path, read_record)
+                if record is not None:
+                    searches.setdefault(_entrant(record), []).append(record)
+            return importance_frame(searches, metric, mode)
+
+    def trials(self, metric: Optional[str] = None):
+        """One row per trial, search trials then repeat runs (Optuna's `trials_dataframe`): a pandas
+        DataFrame with columns `trial`, `entrant`, `phase`, `state`, `seed`, each searched key by its dotted
+        name, `metric`'s value (default: the one searched; a search trial's last reported, on the
+        validation split where the search had one; a repeat run's on the test split), `epochs` and
+        `seconds` (numbers in numeric columns)."""
+        from augtune.analysis import find_records
+        from augtune.analysis.frame import trials_frame
+        from augtune.records import read_record
+
+        with self._local() as folder:
+            metric = metric or self._goal(folder)[0]
+            records = [(path.parent.name, record) for path in self._paths(folder, None, find_records)
+                       if (record := _read(path, read_record)) is not None]
+            return trials_frame(records, metric)
+
+    def best(self, entrant: Optional[str] = None, metric: Optional[str] = None) -> Best:
+        """The best configuration (a `Best`): of a compare, the entrant with the highest mean of `metric`
+        over its repeat runs (the verdict's rows; `metric`: default the compare's first; `entrant`: that
+        one's instead); of a search, the configuration its repeat ran with the best mean (its best trial
+        when it repeated nothing). Its `.encoder()` and `.features(split)` come from its first seed's run."""
+        with self._local() as folder:
+            return self._choose(folder, entrant, metric)[0]
+
+    def figure(self, kind: str, entrant: Optional[str] = None, which: Optional[str] = None,
+               path: Union[str, Path, None] = None):
+        """A figure of the experiment as a matplotlib Figure (`augtune plot`'s kinds; `path`: written there
+        too): `search` and `schedule` from an entrant's search trials, the others (`umap`, `pinda`, ...)
+        from its best configuration's runs and their checkpoints. `entrant`: default the best one (a
+        search's: its own); `which`: part of the figure's name when the kind draws several (`"parallel"`
+        of `search`'s history, parallel coordinates and importances), default the first."""
+        from augtune.analysis import find_records
+        from augtune.analysis.compare import is_compare
+        from augtune.config import ConfigError
+        from augtune.plots import PlotError, figure, load_run
+
+        with self._local() as folder:
+            if kind not in ("search", "schedule"):
+                runs = self._choose(folder, entrant, None)[0].runs
+                if not runs:
+                    raise PlotError(f"{self.path}: in cloud storage, its runs' checkpoints stay there; "
+                                    "copy the experiment here to draw its trained networks' figures")
+                return figure(kind, [run._run() for run in runs], which, path)
+            runs = [load_run(p) for p in self._paths(folder, "search", find_records)]
+            if entrant is None and is_compare(folder):
+                try:
+                    entrant = self._choose(folder, None, None)[0].entrant
+                except ConfigError:  # no repeat run has finished: every entrant's
+                    pass
+            if entrant is not None:
+                runs = [r for r in runs if _entrant(r.record) == entrant]
+            if not runs:
+                raise PlotError(f"{self.path}: no search trial of {entrant}")
+            return figure(kind, runs, which, path)
+
+    def _choose(self, folder: Path, entrant: Optional[str], metric: Optional[str]):
+        """(the `Best` of the experiment in `folder`, the verdict of `metric` that chose it; None for a
+        search)."""
+        from augtune.analysis import find_records
+        from augtune.analysis.compare import is_compare
+        from augtune.config import ConfigError
+        from augtune.records import LOWER_IS_BETTER, is_uri, read_record
+
+        goal, mode = self._goal(folder)
+        metric = metric or goal
+        if metric != goal:
+            mode = "min" if metric in LOWER_IS_BETTER else "max"
+        repeat = [(p, r) for p in self._paths(folder, "repeat", find_records)
+                  if (r := _read(p, read_record)) is not None]
+        search = [(p, r) for p in self._paths(folder, "search", find_records)
+                  if (r := _read(p, read_record)) is not None]
+        if entrant is not None:
+            known = sorted({_entrant(r) for _, r in repeat + search})
+            if entrant not in known:
+                raise ConfigError(f"entrant: {entrant!r} is not one of {', '.join(known) or 'none'}")
+        v = None
+        if is_compare(folder):
+            groups, v = _compare_groups(folder, repeat, metric, entrant)
+        else:
+            groups = _search_groups(repeat or search, metric)
+        groups = {key: runs for key, runs in groups.items() if entrant in (None, _entrant(runs[0][1]))}
+        if not groups:
+            raise ConfigError(f"{self.path}: no finished run with a value of {metric}"
+                              + (f" for {entrant}" if entrant else ""))
+        sign = -1.0 if mode == "min" else 1.0
+        runs = max(groups.values(), key=lambda runs: sign * _mean(runs, metric))
+        keys = {k for _, r in search if _entrant(r) == _entrant(runs[0][1]) for k in r.get("params") or {}}
+        return _best(runs, metric, keys, local=not is_uri(self.path)), v
+
+    def _goal(self, folder: Path) -> tuple[str, str]:
+        """The metric the experiment searched and its mode (a compare's first metric, maximised)."""
+        from augtune.analysis.compare import compare_settings, is_compare
+        from augtune.records import read_search_file
+
+        if is_compare(folder):
+            return (tuple(compare_settings(folder).get("compare", {}).get("metrics") or ("knn_acc",))[0],
+                    "max")
+        search = read_search_file(folder)["config"]["search"]
+        return search["metric"], search["mode"]
+
+    def _repr_markdown_(self) -> str:
+        from augtune.analysis import find_records
+        from augtune.analysis.compare import is_compare
+
+        with self._local() as folder:
+            compare = is_compare(folder)
+            counts = {phase: len(self._paths(folder, phase, find_records)) for phase in ("search", "repeat")}
+            try:
+                best, v = self._choose(folder, None, None)
+            except (ValueError, OSError) as e:  # nothing finished yet, a foreign folder
+                best, v, why = None, None, str(e).splitlines()[0]
+        kind = "compare" if compare else "search"
+        head = (f"**augtune {kind}** `{self.path.rstrip('/').rsplit('/', 1)[-1]}`: {counts['search']} "
+                f"search trials, {counts['repeat']} repeat runs")
+        if best is None:
+            return _markdown([head, f"no answer yet ({why})"])
+        if v is None:
+            return _markdown([head, f"best: {_score(best)}",
+                              ", ".join(f"{k} = {_shown('', x)}" for k, x in best.params.items())[:400]])
+        winner = v.winner(best.metric)
+        named = ("the verdict names it best" if winner is not None and winner.entrant == best.entrant
+                 else "the verdict names no entrant best (`.verdict()` says why)")
+        return _markdown([head, f"highest mean: **{best.entrant}**, {_score(best)}; {named}"])
+
+    def _repr_html_(self) -> str:
+        return _html(self._repr_markdown_())
 
     def report(self) -> Path:
         """Write the compare's HTML report (`report.html` in its folder) and return its path."""
@@ -184,6 +416,141 @@ class Experiment:
 
         if not self.is_compare:
             raise ConfigError(f"{self.path}: a search, not a compare (its table: .table())")
+
+
+def _read(path: Path, read) -> Optional[dict]:
+    """A record (`read`: `records.read_record`), or None for a file that cannot be read as one."""
+    try:
+        return read(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _entrant(record: dict) -> str:
+    return str(record.get("entrant") or record.get("method"))
+
+
+def _value(record: dict, metric: str) -> Optional[float]:
+    """A completed run's final value of `metric` (what the verdict reads), None without a finite one."""
+    import math
+
+    value = (record.get("final") or {}).get(metric) if record.get("status") == "completed" else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _mean(runs: list, metric: str) -> float:
+    values = [_value(r, metric) for _, r in runs]
+    return sum(values) / len(values)
+
+
+def _compare_groups(folder: Path, repeat: list, metric: str, entrant: Optional[str] = None):
+    """({candidate: its repeat runs with a value}, the verdict of `metric`) of a compare: each entrant's
+    candidate that the verdict's row shows (the race's longest); an entrant flagged as not trained is left
+    out unless it is the one asked for (`entrant`)."""
+    from augtune.analysis.compare import compare_settings, race_of
+    from augtune.analysis.race import candidate_of
+    from augtune.analysis.verdict import verdict
+
+    c = compare_settings(folder)
+    records = [r for _, r in repeat]
+    v = verdict(records, (metric,), alpha=float(c.get("compare", {}).get("alpha", 0.05)),
+                race=race_of(c, records), margin=c.get("compare", {}).get("margin"))
+    shown = {row.candidate for row in v.rows if not row.flag or row.entrant == entrant}
+    groups: dict[str, list] = {}
+    for path, record in repeat:
+        if candidate_of(record) in shown and _value(record, metric) is not None:
+            groups.setdefault(candidate_of(record), []).append((path, record))
+    return groups, v
+
+
+def _search_groups(records: list, metric: str) -> dict[str, list]:
+    """{configuration: its runs with a value} of a search's repeat runs (the seed aside), or of its trials
+    (one run each) when it repeated nothing."""
+    import json
+
+    groups: dict[str, list] = {}
+    for path, record in records:
+        if _value(record, metric) is None:
+            continue
+        params = {k: v for k, v in (record.get("params") or {}).items() if k != "train.seed"}
+        key = json.dumps([_entrant(record), params], sort_keys=True, default=str) \
+            if record.get("phase") == "repeat" else str(path)
+        groups.setdefault(key, []).append((path, record))
+    return groups
+
+
+def _best(runs: list, metric: str, searched: set, local: bool) -> Best:
+    """The `Best` of one configuration's runs ((record path, record), any order); `searched`: the keys its
+    entrant's search trials were given (its params are those; all but the seed when none is known)."""
+    import statistics
+
+    from augtune.config import from_dict
+    from augtune.records import VAL_PREFIX
+
+    runs = sorted(runs, key=lambda t: (t[1]["seed"] if isinstance(t[1].get("seed"), int) else 0, str(t[0])))
+    first = runs[0][1]
+    values = [_value(r, metric) for _, r in runs]
+    on = ((first.get("config") or {}).get("dataset") or {}).get("evaluate_on")
+    params = {k: v for k, v in (first.get("params") or {}).items()
+              if (k in searched if searched else k != "train.seed")}
+    return Best(_entrant(first), metric, statistics.fmean(values),
+                statistics.stdev(values) if len(values) > 1 else 0.0, len(values),
+                "val" if metric.startswith(VAL_PREFIX) or on == "val" else "test", params,
+                {r.get("seed"): x for (_, r), x in zip(runs, values)}, from_dict(first["config"]),
+                tuple(Run(p.parent, r) for p, r in runs) if local else ())
+
+
+_FRACTION = ("_acc", "_nmi", "_ari")  # scores between 0 and 1, shown in %
+
+
+def _shown(metric: str, value: Any) -> str:
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if not math.isfinite(value):
+        return "–"
+    return f"{100 * value:.2f}" if metric.endswith(_FRACTION) else f"{value:.4g}"
+
+
+def _unit(metric: str) -> str:
+    return " %" if metric.endswith(_FRACTION) else ""
+
+
+def _score(best: Best) -> str:
+    m = best.metric
+    return (f"{m} {_shown(m, best.score)} ± {_shown(m, best.std)}{_unit(m)} (n = {best.n}, "
+            f"{best.split} split)")
+
+
+def _scores(record: dict) -> dict:
+    """A record's final scores of its `eval.metrics` (`knn`: knn_acc; `kmeans`: kmeans_acc, ...; their
+    `val_` twins), not the method's diagnostics."""
+    from augtune.records import VAL_PREFIX
+
+    groups = tuple(((record.get("config") or {}).get("eval") or {}).get("metrics") or ())
+
+    def scored(key: str) -> bool:
+        name = key.removeprefix(VAL_PREFIX)
+        return any(name == g or name.startswith(f"{g}_") for g in groups)
+
+    return {k: v for k, v in (record.get("final") or {}).items() if scored(k)}
+
+
+def _markdown(lines: list[str]) -> str:
+    return "\n\n".join(lines)
+
+
+def _html(markdown: str) -> str:
+    """The few marks `_markdown` writes (**bold**, `code`, paragraphs) as HTML."""
+    import html
+    import re
+
+    text = html.escape(markdown)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return "".join(f"<p>{line}</p>" for line in text.split("\n\n"))
 
 
 def load(path: Union[str, Path]) -> Experiment:

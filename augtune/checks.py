@@ -188,7 +188,19 @@ def check_against_data(cfg: Config, data: Any) -> None:
     memory left. One ConfigError line naming the key."""
     n = len(data.y_train)
     e = cfg.eval
-    if "knn" in (*e.metrics, *e.epoch_metrics) and e.knn_k >= n:
+    if n == 0:  # data without labels: only the label-free scores
+        from augtune.eval import NEEDS_NO_LABELS
+
+        for section in ("metrics", "epoch_metrics"):
+            needs = [m for m in getattr(e, section) if m not in NEEDS_NO_LABELS]
+            if needs:
+                raise ConfigError(f"eval.{section}: {needs[0]} needs labels and this data has none "
+                                  f"({len(data.x_unlabeled)} unlabelled rows); score it by "
+                                  f"{', '.join(sorted(NEEDS_NO_LABELS))}")
+        if "cocor" in cfg.method.augment and cfg.cocor.mmnn:
+            raise ConfigError("cocor.mmnn: MMNN learns its targets from labelled rows and this data has "
+                              "none: set cocor.mmnn: false (one constant target per length)")
+    if "knn" in (*e.metrics, *e.epoch_metrics) and e.knn_k >= n > 0:
         raise ConfigError(f"eval.knn_k: {_sci(e.knn_k)} is not below the {n} training samples; "
                           f"k-NN over every sample gives each test sample the same vote (PiNDA: 5)")
     monitored = min(n, e.monitor_size or n)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from augtune.records import LinkRefused
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
@@ -99,6 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from augtune.checks import check_config
     from augtune.config import ConfigError, load_config, method_label
     from augtune.data import DataError, load_dataset
+    from augtune.data.datasets import describe_rows
     from augtune.plots import PLOTS, end_of_run_figures
     from augtune.records import CONFIG_FILE, RECORD_FILE
     from augtune.trainables import NonFiniteLoss, train_run
@@ -126,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (ConfigError, RunFolderError, DataError) as e:
         raise UsageError(str(e)) from None
     resume_hint = f"augtune train --resume --out {out}"
-    print(f"{method_label(cfg)} on {cfg.dataset.name}: {len(data.x_train)} train / {len(data.x_test)} test, "
+    print(f"{method_label(cfg)} on {cfg.dataset.name}: {describe_rows(data)}, "
           f"{data.modality} {tuple(data.shape)}, {data.num_classes} classes -> {out}", flush=True)
     try:
         record = train_run(cfg, data, out, resume=args.resume, log=lambda s: print(s, flush=True),
@@ -277,12 +280,15 @@ def cmd_search(args: argparse.Namespace) -> int:
                            address=args.address, dashboard=args.dashboard, figure_kinds=PLOTS)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    rows = [f"data: {plan.rows}"] if plan.rows else []
     if args.plan:
         from augtune.search.plan import describe
 
         print(f"search {plan.experiment} (not started: --plan)")
-        print("\n".join(describe(plan)))
+        print("\n".join([*rows, *describe(plan)]))
         return 0
+    if rows:
+        print(rows[0], flush=True)
     code = _run_on_ray(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
                        plan.experiment, plan.cfg, args.verbose)
     if code == 0:
@@ -331,6 +337,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from augtune.checks import check_config
     from augtune.config import ConfigError, load_config
     from augtune.data import DataError, load_dataset
+    from augtune.data.datasets import describe_rows
     from augtune.plots import PLOTS, end_of_run_figures
     from augtune.api import time_budget_of
     from augtune.search.compare import describe_compare, plan_compare, run_compare
@@ -348,10 +355,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             dashboard=args.dashboard, figure_kinds=PLOTS, data=data)
     except (ConfigError, DataError) as e:
         raise UsageError(str(e)) from None
+    rows = f"data: {describe_rows(data)}" + (f"; selecting on {plan.cfg.compare.metrics[0]}"
+                                             if len(data.y_train) == 0 else "")
     if args.plan:
         print(f"compare {plan.experiment} (not started: --plan)")
-        print("\n".join(describe_compare(plan)))
+        print("\n".join([rows, *describe_compare(plan)]))
         return 0
+    print(rows, flush=True)
     race = cfg.compare.race
     repeat = (f"the best {race.finalists} of each raced on {race.min_seeds} to {race.max_seeds} seeds"
               if race.enabled else f"best re-run on {cfg.compare.seeds} seeds")
@@ -376,13 +386,14 @@ def _compare_verdict(exp_dir: str) -> None:
     from augtune.analysis.compare import answer
 
     result = answer(exp_dir)
-    print(result.verdict.render("md"))
+    print(result.verdict.render("md", plainly=False))  # its plain-words answer comes last, below
     if result.importances:
         print("which hyperparameters mattered:")
         for line in result.importances.values():
             print(f"  {line}")
     else:
         print("which hyperparameters mattered: not measurable (too few search trials per entrant)")
+    print(f"\n{result.verdict.plainly()}\n")  # the answer in plain words, last: what a reader takes away
     print(f"report: {result.report}")
 
 
@@ -519,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except UsageError as e:
+        print(f"augtune: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except LinkRefused as e:  # a link planted where augtune writes (report.html, a record): one line
         print(f"augtune: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `augtune status DIR | head`: the reader has all it wanted

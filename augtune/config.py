@@ -85,6 +85,16 @@ class DatasetConfig:
     workers: int = _f(2, min=0, max=256)  # imagefolder: DataLoader processes decoding images; 0: in the trial
     # stl10: pre-train on train + the 100k unlabelled images (evaluation: labelled splits)
     unlabeled: bool = False
+    # Rows without a label train beside the labelled ones and are never scored nor split into test or
+    # validation: a CSV row whose label cell is empty or NA, an .npz's x_unlabeled, an image folder's
+    # unlabeled/ folder beside its class folders, or the folder named here (imagefolder; absolute, or
+    # relative to dataset.path)
+    unlabeled_dir: Optional[str] = None
+    # keep this many labels per class of the training split (seeded by split_seed, the same rows in every
+    # run) and train on the rest as unlabelled rows: "what if I had only 10 labels per class". What the
+    # scores fit on (k-NN's neighbours, the probes) is then those labels; the validation and test splits
+    # keep theirs (a score needs them). None: every label
+    labels_per_class: Optional[int] = _f(None, min=1)
     # one memory-mapped copy of the prepared data per node, shared by concurrent trials (and reused by the
     # next run) instead of one copy per trial; false: each process reads and holds its own
     shared: bool = True
@@ -211,6 +221,9 @@ class EvalConfig:
     cluster_bandwidth: Optional[float] = _f(None, min=0, min_open=True)
     # auto bandwidth: below the smallest class share
     cluster_quantile: float = _f(0.05, min=0, max=1, min_open=True, max_open=True)
+    # rankme / alignment / uniformity (label-free): on a fixed subsample of at most this many held-out rows
+    # (the same rows in every run: the effective rank grows with the rows until it reaches the dimension)
+    label_free_samples: int = _f(2048, min=2)
 
 
 # -- the augmentation methods' own sections, one per paper (names: docs/contributing.md) --------
@@ -366,6 +379,7 @@ class SearchConfig:
 # search.scheduler values under which each trial trains under a schedule of values (a PBT population)
 SCHEDULES = ("pbt", "pb2")
 VARY = ("init", "split")  # what a compare's repeat seeds may vary (compare.vary)
+MAX_TIME_BUDGET_S = 30 * 24 * 3600  # compare.time_budget: at most 30 days
 SPLIT_VARIES_BELOW = 5000  # compare.vary's default varies the split of test splits smaller than this
 
 
@@ -381,7 +395,7 @@ class RaceConfig:
     max_seeds: int = _f(10, min=2)
     # candidates per entrant: its search's best `finalists` distinct configurations, each re-run (one
     # search run is too noisy to pick the best one from: the winner's curse)
-    finalists: int = _f(2, min=1)
+    finalists: int = _f(2, min=1, max=50)
 
 
 @dataclass(frozen=True)
@@ -395,6 +409,10 @@ class CompareConfig:
     # the fewest search trials time_budget may leave an entrant (or trials, when fewer): one trial is no
     # search, only the defaults; a budget that cannot give this many is refused, naming one that can
     min_trials: int = _f(4, min=1)
+    # what the equal budget holds equal: epochs (every entrant train.epochs, the papers' protocol) or
+    # compute (every entrant about the CPU/GPU seconds of the cheapest one's train.epochs, measured before
+    # Ray starts: a method whose epoch costs 3x trains a third of the epochs; the verdict says so)
+    equal: Literal["epochs", "compute"] = "epochs"
     seeds: int = _f(3, min=1)  # the best configuration re-run on train.seed + 1 .. + seeds (shared by all)
     # how each entrant's search runs: asha (TPE, weak trials stopped early), none (TPE to the end), pbt or
     # pb2 (a population under `search.pbt`, each trial trained under a schedule of its per-epoch knobs; the
@@ -635,6 +653,17 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _DURATION[m.group(2)]
 
 
+def _check_time_budget(text: str, prefix: str) -> None:
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        raise ConfigError(f"{prefix}.time_budget: expected a duration such as 90s, 20m, 1.5h; got "
+                          f"{short(text)}") from None
+    if seconds > MAX_TIME_BUDGET_S:
+        raise ConfigError(f"{prefix}.time_budget: {short(text)} is more than 30 days, the longest budget "
+                          f"(plan a compare that long by its trials and epochs, without a budget)")
+
+
 def _validate_section(obj: Any, prefix: str) -> None:
     """Cross-field rules that a single field's type and range cannot say."""
     if isinstance(obj, TrainConfig) and isinstance(obj.checkpoint_every, str):
@@ -648,11 +677,7 @@ def _validate_section(obj: Any, prefix: str) -> None:
         for i, seed in enumerate(obj.seeds):
             _check_range(f"{prefix}.seeds[{i}]", seed, {"min": 0, "max": MAX_SEED})
     if isinstance(obj, CompareConfig) and obj.time_budget is not None:
-        try:
-            parse_duration(obj.time_budget)
-        except ValueError:
-            raise ConfigError(f"{prefix}.time_budget: expected a duration such as 90s, 20m, 1.5h; got "
-                              f"{short(obj.time_budget)}") from None
+        _check_time_budget(obj.time_budget, prefix)
     if isinstance(obj, CompareConfig) and obj.vary is not None:
         unknown = [v for v in obj.vary if v not in VARY]
         if unknown or "init" not in obj.vary or len(set(obj.vary)) != len(obj.vary):
@@ -776,6 +801,9 @@ def _validate_dataset(d: DatasetConfig, prefix: str) -> None:
         raise ConfigError(
             f"{prefix}.unlabeled: only stl10 has an unlabelled split (dataset.name is {d.name})"
         )
+    if d.unlabeled_dir is not None and d.name != "imagefolder":
+        raise ConfigError(f"{prefix}.unlabeled_dir: is for imagefolder (a CSV marks unlabelled rows by an "
+                          f"empty label, an .npz by x_unlabeled); dataset.name is {d.name}")
     if d.evaluate_on in ("val", "both") and d.val_fraction == 0:
         raise ConfigError(f"{prefix}.evaluate_on: {d.evaluate_on} needs a validation split "
                           f"({prefix}.val_fraction > 0)")

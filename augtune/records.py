@@ -8,6 +8,7 @@ to a laptop can be tabulated without torch or ray.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -33,6 +34,9 @@ ERROR_FILE = "error.txt"  # in a Ray trial's folder: why it failed (written by T
 REPORT_FILE = "report.html"  # in a compare experiment's folder: the self-contained report
 # a metric scored on the validation split beside the test split (`dataset.evaluate_on: both`): its name
 VAL_PREFIX = "val_"
+# the metrics that read no label (augtune.eval.label_free), and those of them where lower is better
+LABEL_FREE = frozenset({"rankme", "alignment", "uniformity"})
+LOWER_IS_BETTER = frozenset({"alignment", "uniformity"})
 # in a Tune trial's parameters: which of several searches sharing one Tune run it belongs to (a compare's
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"
@@ -172,12 +176,43 @@ class RunRecord:
         write_record(run_dir, self.data)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a file."""
+class LinkRefused(OSError):
+    """A file augtune would write is a symbolic link: refused, so a planted link never redirects a write."""
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` through a temporary file in the same folder, renamed over it: a crash never
+    leaves half a file, and a link never redirects the write. The temporary is created with O_EXCL |
+    O_NOFOLLOW (a link planted at its name is refused, never followed); a final name that is a symbolic
+    link raises LinkRefused (renaming over it would not write through it, but the user meant the file
+    it points at, and must say so)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
-    os.replace(tmp, path)
+    if path.is_symlink():
+        raise LinkRefused(f"{path} is a symbolic link; augtune does not write through links (remove it, or "
+                          f"write to the file it points at)")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    for attempt in range(100):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{attempt}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            break
+        except FileExistsError:  # a stale or planted file at this name: take the next name
+            continue
+    else:
+        raise FileExistsError(f"{path}: cannot create a temporary file beside it")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a file (`write_atomic`)."""
+    write_atomic(path, json.dumps(data, indent=1, allow_nan=True) + "\n")
 
 
 def write_record(run_dir: Path, record: dict) -> None:

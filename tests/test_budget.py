@@ -173,3 +173,52 @@ def test_the_refusal_names_the_smallest_budget_and_min_trials():
     with pytest.raises(ConfigError, match=r"even 4 trials, 1 epoch\(s\) and 2 seeds .* give at least \d+m "
                                           r"\(or lower compare.min_trials\)"):
         allocate(costs, 120, trials=8, epochs=30, seeds=3, slots=2, min_trials=4)
+
+
+def test_equal_compute_gives_a_costlier_entrant_proportionally_fewer_epochs():
+    from augtune.search.compare import equal_compute
+
+    costs = [Cost("base", 1.0, 5.0), Cost("x2", 2.0, 5.0), Cost("x3.1", 3.1, 5.0), Cost("x10", 10.0, 5.0),
+             Cost("schedule", 10.0, 5.0, min_epochs=3)]
+    assert equal_compute(costs, 6) == [6, 3, 1, 1, 3]  # never more than the cheapest's cost, nor below floors
+    assert equal_compute(costs, 30) == [30, 15, 9, 3, 3]
+    # each entrant's training costs at most the cheapest one's (unless one epoch is more), and within one
+    # of its epochs of it
+    for epochs in (6, 30, 100):
+        for c, e in zip(costs[:4], equal_compute(costs[:4], epochs)):
+            assert epochs * 1.0 - c.epoch_s < e * c.epoch_s <= max(epochs * 1.0, c.epoch_s) + 1e-9
+
+
+def test_an_equal_compute_compare_plans_each_entrants_epochs_and_says_so(tmp_path, monkeypatch):
+    from augtune.search import compare
+
+    measured = [Cost("simclr", 1.0, 2.0), Cost("simclr+nrcc", 2.5, 2.0)]
+    monkeypatch.setattr(compare, "measure_costs", lambda cfg, modality: measured)
+    cfg = load_config("examples/compare_digits.yaml",
+                      ["compare.methods=[base, nrcc]", "compare.equal=compute", "train.epochs=10",
+                       "compare.race.enabled=false"])
+    data = load_dataset(cfg.dataset)
+    plan = plan_compare(cfg, data.modality, storage=str(tmp_path), name="c", data=data)
+    assert plan.epochs == {"simclr": 10, "simclr+nrcc": 4}
+    assert [p.cfg.train.epochs for p in plan.plans] == [10, 4]
+    assert any(line.endswith("simclr 10, simclr+nrcc 4") for line in describe_compare(plan))
+    assert "at most 84 epochs" in describe_compare(plan)[-1]  # (3 trials + 3 seeds) x (10 + 4)
+    plan.save()
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "c" / "augtune_compare.yaml").read_text())["epochs"] == plan.epochs
+    # equal epochs (the default) measures nothing
+    monkeypatch.setattr(compare, "measure_costs", lambda cfg, modality: pytest.fail("measured"))
+    plain = plan_compare(load_config("examples/compare_digits.yaml", ["compare.methods=[base, nrcc]"]),
+                         data.modality, storage=str(tmp_path), name="d", data=data)
+    assert plain.epochs is None and {p.cfg.train.epochs for p in plain.plans} == {6}
+
+
+def test_the_verdict_of_an_equal_compute_compare_names_each_entrants_epochs():
+    def record(entrant, seed, value, epochs):
+        return {"status": "completed", "method": entrant, "entrant": entrant, "seed": seed,
+                "final": {"knn_acc": value}, "config": {"train": {"epochs": epochs}}}
+    repeat = [record("a", s, 0.9, 6) for s in (1, 2, 3)] + [record("b", s, 0.8, 2) for s in (1, 2, 3)]
+    said = verdict(repeat, ("knn_acc",), equal="compute").sentences()
+    assert said[-1].startswith("Equal compute (compare.equal: compute)") and said[-1].endswith("a 6, b 2.")
+    assert not any("Equal compute" in s for s in verdict(repeat, ("knn_acc",)).sentences())

@@ -222,11 +222,16 @@ def test_evaluate_returns_exactly_the_requested_keys_and_leaves_rng_alone():
     train_x, train_y, test_x, test_y = split(*blobs(20, 3))
     cfg = EvalConfig(sr_epochs=3)
     torch_state, np_state = torch.get_rng_state(), np.random.get_state()
-    everything = evaluate(train_x, train_y, test_x, test_y, 3, cfg, tuple(METRICS))
+    views = torch.tensor(test_x), torch.tensor(test_x) + 0.1  # alignment's two views of each held-out row
+    def pairs(rows):
+        return views if rows is None else (views[0][rows], views[1][rows])
+
+    everything = evaluate(train_x, train_y, test_x, test_y, 3, cfg, tuple(METRICS), pairs=pairs)
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert np.random.get_state()[1].tolist() == np_state[1].tolist()
     assert set(everything) == {"knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari",
-                               "cluster_acc", "cluster_nmi", "cluster_ari", "cluster_k"}
+                               "cluster_acc", "cluster_nmi", "cluster_ari", "cluster_k",
+                               "rankme", "alignment", "uniformity"}
     assert all(isinstance(v, float) for v in everything.values())
     assert evaluate(torch.tensor(train_x), torch.tensor(train_y), torch.tensor(test_x), torch.tensor(test_y),
                     3, cfg, ("knn",)) == {"knn_acc": 1.0}

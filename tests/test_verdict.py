@@ -455,3 +455,49 @@ def test_an_entrant_whose_search_ran_one_trial_is_named_untuned_first():
     assert "Untuned defaults" in v.render("md")
     searched = verdict(repeat, ("knn_acc",), search=trials("a", 2) + trials("b", 2) + trials("c", 3))
     assert searched.untuned == () and not searched.sentences()[0].startswith("Untuned")
+
+
+# -- the answer in plain words --------------------------------------------------------------------
+
+def test_plainly_names_a_clear_winner_and_what_the_seeds_could_not_detect():
+    recs = with_references(runs({"good": [0.95, 0.96, 0.955], "meh": [0.80, 0.82, 0.79]}), raw=0.9,
+                           untrained={1: 0.80, 2: 0.81, 3: 0.80})
+    text = verdict(recs, ("knn_acc",)).plainly()
+    assert text.startswith("Plainly: good is best on knn_acc: the tests separate it from every other entrant")
+    assert "meh is significantly below it" in text and "only good beats the untrained encoder" in text
+    assert "nothing beats the raw input" not in text and text.endswith(".")
+
+
+def test_plainly_says_when_nothing_is_separable():
+    recs = with_references(runs({"a": [0.90, 0.94, 0.92], "b": [0.91, 0.93, 0.90]}), raw=0.95,
+                           untrained={1: 0.80, 2: 0.81, 3: 0.80})
+    text = verdict(recs, ("knn_acc",)).plainly()
+    assert "a has the highest knn_acc, but b is not separated from it" in text
+    assert "every entrant beats the untrained encoder on knn_acc" in text
+    assert "nothing beats the raw input on knn_acc" in text and " best " not in text
+
+
+def test_plainly_says_when_nothing_beats_the_untrained_encoder():
+    recs = with_references(runs({"top": [0.95, 0.96, 0.955], "low": [0.80, 0.81, 0.805]}), raw=0.5,
+                           untrained={1: 0.97, 2: 0.95, 3: 0.96})
+    text = verdict(recs, ("knn_acc",)).plainly()
+    assert "top has the highest knn_acc and is separated from the others, but it is no better than the " \
+           "untrained encoder" in text
+    assert "no entrant beats the untrained encoder on knn_acc" in text
+
+
+def test_plainly_marks_a_semi_supervised_entrant_untuned_defaults_and_the_unranked():
+    from augtune.analysis.verdict import untuned_entrants
+
+    recs = runs({"simclr": [0.90, 0.91, 0.92], "simclr+cocor": [0.95, 0.96, 0.955]})
+    recs += runs({"simclr+diffaug": [0.1, 0.1, 0.1]}, diffaug_gen_std_ratio=0.0)
+    search = [{"status": "completed", "entrant": e, "phase": "search", "trial": "t1"}
+              for e in ("simclr", "simclr+cocor", "simclr+diffaug")]
+    v = verdict(recs, ("knn_acc",), search=search)
+    assert v.untuned == untuned_entrants(search) == ("simclr", "simclr+cocor", "simclr+diffaug")
+    text = v.plainly()
+    assert text.startswith("Plainly: simclr, simclr+cocor, simclr+diffaug ran their untuned defaults")
+    assert "simclr+cocor (semi-supervised) is best on knn_acc" in text
+    assert "simclr+cocor reads labels while training (semi-supervised)" in text
+    flagged = [r for r in v.rows if r.flag]
+    assert flagged and all(f"{r.entrant} is not ranked ({r.flag})" in text for r in flagged)

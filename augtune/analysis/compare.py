@@ -53,7 +53,7 @@ def answer(exp_dir, write: bool = True) -> Answer:
     unfinished = any(r.get("status") in ("running", "interrupted") for r in repeat + search) \
         or not repeat or (race is not None and race.stopped is None)
     v = verdict(repeat, metrics, alpha=float(c.get("alpha", 0.05)), search=search,
-                unfinished=unfinished, race=race, margin=c.get("margin"))
+                unfinished=unfinished, race=race, margin=c.get("margin"), equal=str(c.get("equal", "epochs")))
     groups: dict[str, list[dict]] = {}
     for r in search:
         groups.setdefault(r.get("entrant") or r["method"], []).append(r)

@@ -40,6 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(repeatable; default: only seeds are; runs that differ otherwise get rows of their "
                         "own)")
     e.add_argument("--out", type=Path, metavar="FILE", help="write the table here instead of printing it")
+    e.add_argument("--force", action="store_true", help="with --out: replace a file that is there already")
     e.add_argument("--schedule", action="store_true",
                    help="instead of a table: a config whose `schedule:` replays the knob values the best "
                         "trial (a PBT search's, by the search's metric) trained under, epoch by epoch; run "
@@ -61,6 +62,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise AnalysisError(f"--out: {out} is a folder; name the file to write")
         if not out.parent.is_dir():
             raise AnalysisError(f"--out: folder {out.parent} does not exist")
+        if out.is_symlink():
+            raise AnalysisError(f"--out: {out} is a symbolic link; augtune does not write through links")
+        if out.exists() and not getattr(args, "force", False):
+            raise AnalysisError(f"--out: {out} exists; add --force to replace it")
     if getattr(args, "schedule", False):
         text = schedule_config(args.paths, getattr(args, "trial", None), args.metric)
         return _write(text, out, "the schedule")
@@ -94,7 +99,7 @@ def schedule_config(paths: list[Path], trial: str | None = None, metric: str = "
     import yaml
 
     from augtune.analysis.frame import AnalysisError, find_records
-    from augtune.config import ConfigError, from_dict, to_dict
+    from augtune.config import SCHEDULES, ConfigError, from_dict, to_dict
     from augtune.records import REPEAT_DIR, SEARCH_FILE, knob_schedule, read_json, read_search_file
 
     mode = "max"
@@ -104,6 +109,11 @@ def schedule_config(paths: list[Path], trial: str | None = None, metric: str = "
         if (Path(path) / SEARCH_FILE).is_file():
             search = read_search_file(Path(path))["config"]["search"]
             metric, mode = search["metric"], search["mode"]
+            if search.get("scheduler") not in SCHEDULES:
+                raise AnalysisError(f"--schedule: {path} was searched with scheduler "
+                                    f"{search.get('scheduler')}, so each trial trained under constant "
+                                    f"values: there is no schedule to replay (its best configuration is "
+                                    f"the table's; a schedule comes from a pbt or pb2 search)")
         for file in find_records(path):
             if REPEAT_DIR in file.parts:
                 continue
@@ -227,11 +237,13 @@ def _write(text: str, out: Path | None, what: str) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
+    from augtune.records import write_atomic
+
     try:
-        out.write_text(text)
+        write_atomic(out, text)
     except OSError as e:
         from augtune.analysis import AnalysisError
 
-        raise AnalysisError(f"--out: cannot write {out} ({e.strerror})") from None
+        raise AnalysisError(f"--out: cannot write {out} ({e.strerror or e})") from None
     print(f"wrote {out}: {what}")
     return 0

@@ -419,3 +419,43 @@ def _column(values: list) -> pd.Series:
 def completed(df: pd.DataFrame) -> pd.DataFrame:
     """Only the completed runs, and the references whose kept measurement is from a completed run."""
     return df[df["status"] == "completed"].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trials
+
+_PHASES = {"search": 0, "repeat": 1}  # the order a trials frame lists them in
+
+
+def trials_frame(records: list[tuple[str, dict]], metric: str) -> pd.DataFrame:
+    """One row per trial of a search or compare (`records`: (trial name, record)), as Optuna's
+    `trials_dataframe`: `trial`, `entrant`, `phase` (search or repeat), `state` (the record's status),
+    `seed`, each searched key by its dotted name (the keys the search trials were given; a repeat run's
+    values of them), `metric` (its last value reported, which ranked a search trial; a repeat run's on the
+    test split), `epochs` (trained) and `seconds` (wall time over every part of the run). Listed by entrant,
+    phase and start."""
+    from augtune.analysis.importance import trial_value
+
+    def params(record: dict) -> dict:
+        given = record.get("params")
+        return given if isinstance(given, dict) else {}
+
+    def seconds(record: dict) -> float:
+        parts = record.get("seconds")
+        parts = [v for v in parts.values() if _is_number(v)] if isinstance(parts, dict) else []
+        return float(sum(parts)) if parts else math.nan
+
+    records = sorted(records, key=lambda t: (str(t[1].get("entrant") or t[1].get("method")),
+                                             _PHASES.get(t[1].get("phase", "search"), 2),
+                                             str(t[1].get("started") or ""), t[0]))
+    searched = [p for _, r in records if r.get("phase", "search") == "search" for p in params(r)]
+    if not searched:  # a repeat alone: its parameters, the seed aside (a column of its own)
+        searched = [p for _, r in records for p in params(r) if p != "train.seed"]
+    keys = list(dict.fromkeys(searched))
+    rows = [{"trial": name, "entrant": r.get("entrant") or r.get("method"), "phase": r.get("phase", "search"),
+             "state": r.get("status"), "seed": r.get("seed"),
+             **{k: _hashable(params(r).get(k)) for k in keys},
+             metric: trial_value(r, metric), "epochs": len(r.get("epochs") or []), "seconds": seconds(r)}
+            for name, r in records]
+    columns = ["trial", "entrant", "phase", "state", "seed", *keys, metric, "epochs", "seconds"]
+    return pd.DataFrame({c: _column([row.get(c) for row in rows]) for c in columns})

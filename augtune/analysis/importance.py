@@ -109,3 +109,28 @@ def format_importances(name: str, result: tuple[dict[str, float], str]) -> str:
     if not values:
         return f"{name}: {how}"
     return f"{name} ({how}): " + ", ".join(f"{k} {v:.2f}" for k, v in values.items())
+
+
+def trial_value(record: dict, metric: str) -> Optional[float]:
+    """The value of `metric` a trial is ranked by, as the study above holds it: the last it reported (None
+    when it reported none)."""
+    return _value(record, metric)
+
+
+def importance_frame(searches: dict[str, list[dict]], metric: str, mode: str = "max", seed: int = 0):
+    """The importances of each search (`searches`: {entrant: its trials' records}) as a pandas DataFrame,
+    one row per entrant and parameter, most important first: `entrant`, `key` (the dotted parameter),
+    `importance` (a float; an entrant's sum to 1) and `method` (fANOVA or PED-ANOVA). An entrant with too
+    few trials or nothing varied has no row; `attrs["skipped"]` says why ({entrant: reason})."""
+    import pandas as pd
+
+    rows, skipped = [], {}
+    for entrant, records in sorted(searches.items()):
+        values, how = importances(records, metric, mode, seed)
+        if not values:
+            skipped[entrant] = how
+        rows += [{"entrant": entrant, "key": k, "importance": float(v), "method": how}
+                 for k, v in values.items()]
+    df = pd.DataFrame(rows, columns=["entrant", "key", "importance", "method"]).astype({"importance": float})
+    df.attrs["skipped"] = skipped
+    return df

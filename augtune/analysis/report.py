@@ -22,7 +22,7 @@ import numpy as np
 from augtune.analysis.race import RaceState
 from augtune.analysis.verdict import Verdict
 from augtune.config import SCHEDULES
-from augtune.records import COMPARE_REPEAT, RECORD_FILE, REPORT_FILE
+from augtune.records import COMPARE_REPEAT, RECORD_FILE, REPORT_FILE, write_atomic
 
 
 def _png(fig) -> str:
@@ -271,7 +271,8 @@ table{border-collapse:collapse;font-size:14px}
 td,th{border-bottom:1px solid #ccc;padding:4px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}
 figure{display:inline-block;margin:1em}img{max-width:100%}
-.note{color:#555;font-size:13px}"""
+.note{color:#555;font-size:13px}
+.answer{font-size:17px;font-weight:600;max-width:60em}"""
 
 
 def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: list[dict],
@@ -284,7 +285,8 @@ def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: li
     exp_dir = Path(exp_dir)
     metric = verdict.metrics[0]
     parts = [f"<h1>{html.escape(title or exp_dir.name)}</h1>",
-             f'<p class="note">{html.escape(verdict.caption())}</p>', _table_html(verdict),
+             f'<p class="answer">{html.escape(verdict.plainly())}</p>',  # the answer first, then its table
+             _table_html(verdict), f'<p class="note">{html.escape(verdict.caption())}</p>',
              "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in verdict.sentences()) + "</ul>",
              "<h2>Every seed</h2>", _img(_seeds_figure(verdict), "each entrant's seeds as points"),
              *(_race_html(verdict.race) if verdict.race is not None else []),
@@ -305,5 +307,5 @@ def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: li
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{name}"
             f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
     path = Path(out or exp_dir / REPORT_FILE)
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)  # a link planted at report.html is refused, never written through
     return path

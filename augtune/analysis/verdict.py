@@ -48,7 +48,7 @@ from augtune.analysis import stats
 from augtune.analysis.race import RaceState, candidate_of
 from augtune.analysis.stats import holm  # the verdict's own since before stats.py
 from augtune.config import method_of
-from augtune.records import VAL_PREFIX
+from augtune.records import LABEL_FREE, VAL_PREFIX
 
 # (diagnostic key in a record's final metrics, predicate on its value that means "did not train",
 # reason)
@@ -138,6 +138,8 @@ class Verdict:
     splits: str = ""  # which split chose the configurations and which one these numbers are on
     time_budget: str = ""  # the compare.time_budget it ran under, and what that left each entrant
     untuned: tuple[str, ...] = ()  # entrants whose search ran one trial: their defaults, never searched
+    unlabelled: bool = False  # the data had no labels: every column is label-free
+    equal: str = ""  # under `compare.equal: compute`: the epochs each entrant trained for the same compute
 
     def best(self, metric: str) -> Optional[Row]:
         """The ranked row with the highest mean (named best only when `winner` says so)."""
@@ -157,8 +159,90 @@ class Verdict:
 
     def sentences(self) -> list[str]:
         return [self._untuned()] * bool(self.untuned) + [self._sentence(m) for m in self.metrics] + [
-            t for t in (self._schedules(), self._race_apart(), self.budget, self.time_budget, self.splits)
+            t for t in (self._label_free(), self._schedules(), self._race_apart(), self.budget,
+                        self.time_budget, self.equal, self.splits)
             if t]
+
+    def _label_free(self) -> str:
+        """What a label-free column can and cannot claim: which entrant scores highest, not which is
+        more accurate."""
+        free = [m for m in self.metrics if m in LABEL_FREE]
+        if not free:
+            return ""
+        only = len(free) == len(self.metrics)
+        return (f"{_names(free)} {'is' if len(free) == 1 else 'are'} label-free: "
+                "the effective rank of the embedding (Garrido et al., 2023), higher meaning a "
+                "less collapsed embedding, not a higher accuracy. Its paper found that choosing "
+                "hyperparameters by it loses little against choosing by a labelled probe on ImageNet; "
+                "what it loses on smaller data is measured in docs/guides/unlabelled.md. An untrained "
+                "encoder's embedding is not collapsed either, so its rankme is no bar a method must beat"
+                + (". No accuracy is claimed here: this data has no labels." if only and self.unlabelled
+                   else "."))
+
+    def plainly(self) -> str:
+        """The answer in plain words, written from the decisions (what a reader takes away; the
+        sentences above it say the same with their numbers): who leads the first metric and whether the
+        tests separate it, against what the untrained encoder and the raw input give, what is not
+        ranked, and how small a difference the seeds could see."""
+        first = self.metrics[0] if self.metrics else None
+        d = self.decisions.get(first) if first else None
+        if d is None or d.leader is None:
+            return "Plainly: no entrant has a value."
+        leader, parts = self._named(d.leader), []
+        if self.untuned:
+            parts.append(f"{_names(self.untuned)} ran {'its' if len(self.untuned) == 1 else 'their'} "
+                         "untuned defaults (one search trial)")
+        if d.winner:
+            parts.append(f"{leader} is best on {first}: the tests separate it from every other entrant, "
+                         "and it beats the untrained encoder")
+        elif d.separated:
+            parts.append(f"{leader} has the highest {first} and is separated from the others, but it is "
+                         "no better than the untrained encoder")
+        elif d.contenders:
+            parts.append(f"{leader} has the highest {first}, but {_names(d.contenders)} "
+                         f"{_be(d.contenders)} not separated from it")
+        else:
+            parts.append(f"{leader} has the highest {first}")
+        if d.worse:
+            parts.append(f"{_names(d.worse)} {_be(d.worse)} significantly below it")
+        parts += self._plain_bars()
+        parts += [f"{r.entrant} reads labels while training (semi-supervised)" for r in self.rows if r.semi]
+        parts += [f"{r.entrant} is not ranked ({r.flag})" for r in self.rows if r.flag]
+        sizes = [(m, dm.detectable, dm.detectable_n) for m, dm in self.decisions.items()
+                 if dm.detectable is not None and math.isfinite(dm.detectable)]
+        if sizes:
+            n = max(k for _, _, k in sizes)
+            if all(m.endswith(_FRACTION) for m, _, _ in sizes):
+                lo, hi = min(v for _, v, _ in sizes), max(v for _, v, _ in sizes)
+                span = _pts(sizes[0][0], lo) if lo == hi else f"{100 * lo:.2g}–{_pts(sizes[0][0], hi)}"
+            else:
+                span = ", ".join(f"{_pts(m, v)} ({m})" for m, v, _ in sizes)
+            parts.append(f"with n = {n} seeds, differences under {span} could not be detected")
+        text = "; ".join(parts)
+        return f"Plainly: {text}."
+
+    def _plain_bars(self) -> list[str]:
+        """Per metric, in words: who beats the untrained encoder; the metrics where nothing beats raw."""
+        some, none, every, no_raw = [], [], [], []
+        for m in self.metrics:
+            d = self.decisions.get(m)
+            if d is None:
+                continue
+            tested = [e for e, b in d.beats_untrained.items() if b is not None]
+            yes = [e for e in tested if d.beats_untrained[e]]
+            if tested and not yes:
+                none.append(m)
+            elif tested and len(yes) == len(tested):
+                every.append(m)
+            elif tested:
+                some.append(f"on {m} only {_names(yes)} {'beats' if len(yes) == 1 else 'beat'} the "
+                            "untrained encoder")
+            raw = self.references.get(RAW, {}).get(m)
+            if raw is not None and math.isfinite(raw) and not any(d.beats_raw.values()):
+                no_raw.append(m)
+        return [*some, *([f"no entrant beats the untrained encoder on {_names(none)}"] if none else []),
+                *([f"every entrant beats the untrained encoder on {_names(every)}"] if every else []),
+                *([f"nothing beats the raw input on {_names(no_raw)}"] if no_raw else [])]
 
     def _untuned(self) -> str:
         """First, before any ranking: which rows compare configurations nobody searched."""
@@ -213,9 +297,11 @@ class Verdict:
                      key=lambda c: (c.out_round, c.id))
         gone = (f"; {', '.join(f'{c.id} (round {c.out_round})' for c in out)} "
                 f"{'was' if len(out) == 1 else 'were'} eliminated" if out else "; nobody was eliminated")
-        return (f"The race ({on} on the validation split, {s.min_seeds} to {s.max_seeds} seeds, each "
+        where = ("the same rows (no labels, no other split)" if self.unlabelled else "the validation split")
+        tested = "on those rows" if self.unlabelled else "on the test split"
+        return (f"The race ({on} on {where}, {s.min_seeds} to {s.max_seeds} seeds, each "
                 f"round's tests at level {s.level:.3g}) stopped after {len(race.rounds)} rounds, "
-                f"{_stop_words(race)}{gone}; the columns are tested once, on the test split.")
+                f"{_stop_words(race)}{gone}; the columns are tested once, {tested}.")
 
     def _sentence(self, m: str) -> str:
         d = self.decisions.get(m, Decision(m))
@@ -322,8 +408,11 @@ class Verdict:
         return f"; nothing beats the raw input ({at})"
 
     def caption(self) -> str:
+        free = [m for m in self.metrics if m in LABEL_FREE]  # rankme: a compare's only label-free column
+        unit = ("in %" if not free else "rankme in dimensions" if len(free) == len(self.metrics)
+                else "in % (rankme in dimensions)")
         parts = [("unfinished experiment: " if self.unfinished else "")
-                 + "mean ± std over the repeat seeds (n), in %"]
+                 + f"mean ± std over the repeat seeds (n), {unit}"]
         rows = "each row"
         if self.race is not None and self.race.settings.metric not in self.metrics:
             parts.append(f"a race on the validation split ({self.race.settings.metric}, not a column) chose "
@@ -401,7 +490,9 @@ class Verdict:
                    "best", "note", "relative_cost", "compute_s", "flag", "semi_supervised"]
         return pd.DataFrame(lines, columns=columns)
 
-    def render(self, fmt: str = "md") -> str:
+    def render(self, fmt: str = "md", *, caption: bool = True, plainly: bool = True) -> str:
+        """The verdict as `fmt`: md (the caption, the table, its sentences, then the plain-words answer:
+        `caption`, `plainly` leave them out), latex (a booktabs table) or csv (its numbers)."""
         if fmt == "csv":  # numbers, not the text of the cells
             return self.numbers().to_csv(index=False)
         rows = self.table()
@@ -410,13 +501,17 @@ class Verdict:
         lines = ["| " + " | ".join(rows[0]) + " |",
                  "| :--- |" + " ---: |" * (len(rows[0]) - 2) + " :--- |"]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        return "\n".join([f"Table: {self.caption()}", "", *lines, "", *self.sentences()]) + "\n"
+        head = [f"Table: {self.caption()}", ""] if caption else []
+        tail = ["", self.plainly()] if plainly else []
+        return "\n".join([*head, *lines, "", *self.sentences(), *tail]) + "\n"
 
 
 _FRACTION = ("_acc", "_nmi", "_ari")
 
 
 def _val(metric: str, v: float) -> str:
+    if metric == "rankme":  # an effective rank: dimensions, to two decimals as the accuracies
+        return f"{v:.2f}"
     return f"{100 * v:.2f}" if metric.endswith(_FRACTION) or metric == "" else f"{v:.4g}"
 
 
@@ -503,10 +598,11 @@ def semi_supervised(record: Mapping) -> str:
 
 def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05,
             search: list[dict] = (), unfinished: bool = False, race: Optional[RaceState] = None,
-            margin: Optional[float] = None) -> Verdict:
+            margin: Optional[float] = None, equal: str = "epochs") -> Verdict:
     """The verdict from the repeat runs' records (and the search trials' records, for the cost).
     `race`: the race of the repeat (`race.replay` of these records), which decides its metric;
-    `margin`: the equivalence margin (metric units) of `compare.margin`, None for no TOST."""
+    `margin`: the equivalence margin (metric units) of `compare.margin`, None for no TOST; `equal`:
+    what the compare held equal (`compare.equal`)."""
     metrics = tuple(metrics)
     margin = margin if margin else (race.settings.margin if race is not None else None)
     by_candidate: dict[str, list[dict]] = {}
@@ -538,7 +634,28 @@ def verdict(repeat: list[dict], metrics: tuple[str, ...], *, alpha: float = 0.05
                    decisions, ref_cells, race, margin, budget_note(list(search)),
                    splits_note(list(search), [r for runs in by_candidate.values() for r in runs]),
                    time_note([r for runs in by_candidate.values() for r in runs]),
-                   untuned_entrants(list(search)))
+                   untuned_entrants(list(search)), unlabelled(list(repeat)),
+                   equal_note(repeat) if equal == "compute" else "")
+
+
+def equal_note(repeat: Sequence[Mapping]) -> str:
+    """Under `compare.equal: compute`: the epochs each entrant trained, from its repeat runs' configs."""
+    epochs: dict[str, int] = {}
+    for r in repeat:
+        e = ((r.get("config") or {}).get("train") or {}).get("epochs")
+        if e is not None:
+            epochs.setdefault(r.get("entrant") or r.get("method"), int(e))
+    if not epochs:
+        return ""
+    return ("Equal compute (compare.equal: compute): each entrant trained for about the seconds of the "
+            "cheapest one's epochs, a costlier method for fewer epochs: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(epochs.items())) + ".")
+
+
+def unlabelled(repeat: Sequence[Mapping]) -> bool:
+    """Whether the runs trained on data without labels (their records' `rows`; older ones: no)."""
+    rows = [r.get("rows") for r in repeat if r.get("rows")]
+    return bool(rows) and all(int(x.get("train", 1)) == 0 for x in rows)
 
 
 def untuned_entrants(search: Sequence[Mapping]) -> tuple[str, ...]:
@@ -574,6 +691,10 @@ def splits_note(search: Sequence[Mapping], repeat: Sequence[Mapping]) -> str:
     chosen = {_dataset(r).get("evaluate_on", "test") for r in search}
     if not chosen or not repeat:
         return ""
+    if unlabelled(repeat):
+        n = repeat[0]["rows"].get("unlabeled", 0)
+        return (f"No labels: every run trained on all {n} rows and was scored on a fixed subsample of them "
+                "(RankMe scores the rows it trained on, as its paper does); no split was held out.")
     if chosen == {"val"}:
         fractions = sorted({_dataset(r).get("val_fraction") for r in search} - {None})
         part = f"{fractions[0]:.0%} of the training split" if len(fractions) == 1 else "the training split"

@@ -103,12 +103,31 @@ class DataSplit:
         return _joined(self.x_train, self.x_unlabeled), y
 
 
+def describe_rows(data: DataSplit) -> str:
+    """How many rows are labelled and unlabelled, and where each goes: the line a run starts with."""
+    parts = [f"{len(data.y_train)} train", f"{len(data.y_test)} test"]
+    if data.y_val is not None:
+        parts.append(f"{len(data.y_val)} validation")
+    labelled = len(data.y_train) + len(data.y_test) + (0 if data.y_val is None else len(data.y_val))
+    u = 0 if data.x_unlabeled is None else len(data.x_unlabeled)
+    if u == 0:
+        return f"{labelled} labelled rows ({', '.join(parts)})"
+    if labelled == 0:
+        return (f"no labels: {u} unlabelled rows, trained on; scored by label-free scores only "
+                f"(rankme, alignment, uniformity)")
+    return (f"{labelled} labelled rows ({', '.join(parts)}) and {u} unlabelled "
+            f"({100 * u / (u + labelled):.0f}%: trained on, never scored)")
+
+
 def _real(x: Any) -> bool:
     return x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a and b as one tensor: a view when b's rows follow a's in one storage (as loaders make them)."""
+    """a and b as one tensor: a view when b's rows follow a's in one storage (as loaders make them); two
+    streamed sources of files as one."""
+    if is_streamed(a) and is_streamed(b):
+        return type(a)([*a.files, *b.files], a.size)
     storage = a.untyped_storage()
     follows = (a.is_contiguous() and b.is_contiguous() and a.dtype == b.dtype
                and b.untyped_storage().data_ptr() == storage.data_ptr()
@@ -171,6 +190,8 @@ def _prepare(cfg: DatasetConfig) -> DataSplit:
         split = _validation(split, cfg.val_fraction, cfg.split_seed)
     elif cfg.evaluate_on == "both":  # the same validation part, held beside the test split
         split = _validation(split, cfg.val_fraction, cfg.split_seed, keep_test=True)
+    if cfg.labels_per_class is not None:  # after the validation part is carved: it keeps its labels
+        split = _few_labels(split, cfg.labels_per_class, cfg.split_seed)
     split = _contiguous_labels(split)
     if split.modality == "image" and cfg.as_vectors:
         if is_streamed(split.x_train):
@@ -196,6 +217,8 @@ def _check_classes(split: DataSplit, cfg: DatasetConfig) -> None:
     if len(labels) >= 2:
         return
     where = cfg.path or cfg.root or f"dataset.name: {cfg.name}"
+    if len(labels) == 0 and split.x_unlabeled is not None and len(split.x_unlabeled) > 0:
+        return  # no label at all: only the label-free scores (checks.check_against_data says so)
     if len(labels) == 0:
         raise DataError(f"{where}: the training data holds no samples")
     c = int(labels[0])
@@ -211,6 +234,11 @@ def _check_classes(split: DataSplit, cfg: DatasetConfig) -> None:
 def _map_x(split: DataSplit, fn: Callable[[Any], Any], **changes: Any) -> DataSplit:
     """`fn` applied to the training images (x_train and x_unlabeled as one block: one result) and x_test,
     with the other `changes` made at the same time."""
+    if is_streamed(split.x_train):  # files: each part on its own (slicing one would decode it)
+        return dataclasses.replace(
+            split, x_train=fn(split.x_train), x_test=fn(split.x_test),
+            x_unlabeled=None if split.x_unlabeled is None else fn(split.x_unlabeled),
+            x_val=None if split.x_val is None else fn(split.x_val), **changes)
     x = fn(split.pretrain()[0])
     n = len(split.x_train)
     unlabeled = x[n:] if split.x_unlabeled is not None else None
@@ -258,6 +286,8 @@ def _subsample(split: DataSplit, max_train: int | None, max_test: int | None, se
 def _resplit(split: DataSplit, seed: int) -> DataSplit:
     """Training and test samples pooled and split again, stratified, with the test split's size (a
     compare's `vary: [init, split]`: each seed's split)."""
+    if len(split.y_train) == 0:  # no labelled rows: no test split to draw again
+        return split
     if is_streamed(split.x_train) or is_streamed(split.x_test):
         raise DataError("dataset.resplit: needs the images in memory (dataset.cache: memory)")
     x, y = torch.cat([split.x_train, split.x_test]), torch.cat([split.y_train, split.y_test])
@@ -269,12 +299,43 @@ def _validation(split: DataSplit, fraction: float, seed: int, keep_test: bool = 
     """The training split's rest as the training data, its validation part (stratified, seeded) as the
     held-out data: what a search's trial trains and is scored on; the test split is dropped. `keep_test`
     (`evaluate_on: both`): the same parts, the validation part as x_val beside the test split."""
+    if len(split.y_train) == 0:  # no labelled rows: the label-free scores read the unlabelled ones
+        return split
+    refuse_lone_labels(split.y_train.numpy(), split.classes, "dataset.val_fraction")
     tr, va = stratified_indices(split.y_train.numpy(), seed=seed, what="dataset.val_fraction",
                                 test_size=fraction)
     x, y = split.x_train, split.y_train
     if keep_test:
         return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_val=x[va], y_val=y[va])
     return dataclasses.replace(split, x_train=x[tr], y_train=y[tr], x_test=x[va], y_test=y[va])
+
+
+def few_label_rows(y: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """The sorted rows of `per_class` labels of each class of `y` (all of a class that has fewer), drawn
+    uniformly within each class from a generator seeded by `seed` alone."""
+    rng = np.random.default_rng([seed, 0x1ABE1])
+    kept = [rng.permutation(np.flatnonzero(y == c))[:per_class] for c in np.unique(y)]
+    return np.sort(np.concatenate(kept))
+
+
+def _few_labels(split: DataSplit, per_class: int, seed: int) -> DataSplit:
+    """`dataset.labels_per_class`: `per_class` labelled training rows of each class kept (seeded; all of a
+    class that has fewer), the other training rows moved to the unlabelled rows, ahead of any already
+    there (they keep training)."""
+    y = split.y_train.numpy()
+    if len(y) == 0:
+        return split
+    keep = few_label_rows(y, per_class, seed)
+    if len(keep) == len(y):
+        return split
+    if is_streamed(split.x_train):
+        raise DataError("dataset.labels_per_class: needs the images in memory (dataset.cache: memory)")
+    rest = np.setdiff1d(np.arange(len(y)), keep)
+    keep_t, rest_t = torch.from_numpy(keep), torch.from_numpy(rest)
+    moved = split.x_train[rest_t]
+    unlabeled = moved if split.x_unlabeled is None else torch.cat([moved, split.x_unlabeled])
+    return dataclasses.replace(split, x_train=split.x_train[keep_t], y_train=split.y_train[keep_t],
+                               x_unlabeled=unlabeled)
 
 
 def stratified_indices(y: np.ndarray, *, seed: int, what: str, train_size: int | None = None,
@@ -714,45 +775,75 @@ def load_arrays(cfg: DatasetConfig) -> DataSplit:
             f"dataset.path: {path} not found (expected a .npz with x, y or a .csv with a label column)"
         )
     if path.suffix == ".npz":
-        x, y, x_test, y_test = _read_npz_arrays(path)
+        x, y, x_test, y_test, x_unl = _read_npz_arrays(path)
     elif path.suffix == ".csv":
-        x, y, x_test, y_test = _read_csv_arrays(path)
+        x, y, x_test, y_test, x_unl = _read_csv_arrays(path)
     else:
         raise DataError(f"dataset.path: {path}: expected a .npz or .csv file")
 
-    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating) or x.dtype == np.bool_):
-        raise DataError(f"{path}: features must be numeric (real numbers), got dtype {x.dtype}")
-    if x.ndim not in (2, 3, 4):
-        raise DataError(
-            f"{path}: x should be (N, D) vectors or (N, H, W) / (N, C, H, W) images, got shape {x.shape}"
-        )
-    _check_not_empty(path, x, x_test)
-    if x_test is not None and x_test.shape[1:] != x.shape[1:]:
-        raise DataError(f"{path}: x_test has samples of shape {x_test.shape[1:]}, x has {x.shape[1:]}")
-    for xs, ys, kx, ky in ((x, y, "x", "y"), (x_test, y_test, "x_test", "y_test")):
-        if xs is None:
-            continue
-        if ys.ndim != 1 or len(ys) != len(xs):
-            raise DataError(f"{path}: {ky} should be ({len(xs)},) to match {kx}, got shape {ys.shape}")
-        bad = _first_nonfinite(xs)
-        if bad is not None:
-            raise DataError(f"{path}: {kx} has NaN or infinite values (first in sample {bad})")
-
+    unlabelled_only = _check_arrays(path, x, y, x_test, y_test, x_unl)
     codes, classes = _encode_labels(np.concatenate([y, y_test]) if y_test is not None else y, path)
     if x.ndim == 3:  # (N, H, W) grey images: add the channel axis
         x, x_test = x[:, None], (x_test[:, None] if x_test is not None else None)
+        x_unl = x_unl[:, None] if x_unl is not None else None
     xt = _as_tensor(x)
     yt = torch.from_numpy(codes)
     if x_test is not None:
         n = len(x)
         x_tr, y_tr, x_te, y_te = xt, yt[:n], _as_tensor(x_test), yt[n:]
+    elif unlabelled_only:  # no label at all: nothing to split, nothing to score but the label-free scores
+        x_tr, y_tr, x_te, y_te = xt, yt, xt, yt
     else:
+        refuse_lone_labels(codes, classes, str(path))
         tr, te = stratified_indices(codes, test_size=cfg.test_fraction, seed=cfg.split_seed,
                                     what=f"dataset.test_fraction ({path})")
         x_tr, y_tr, x_te, y_te = xt[tr], yt[tr], xt[te], yt[te]
     modality = "vector" if x.ndim == 2 else "image"
+    unlabeled = _as_tensor(x_unl) if x_unl is not None and len(x_unl) else None
+    if unlabeled is not None and unlabeled.dtype != x_tr.dtype:
+        unlabeled = unlabeled.to(x_tr.dtype)
     return DataSplit("arrays", modality, tuple(x.shape[1:]), len(classes), x_tr, y_tr, x_te, y_te,
-                     None, None, classes)
+                     None, None, classes, unlabeled)
+
+
+def _check_arrays(path: Path, x: np.ndarray, y: np.ndarray, x_test: Optional[np.ndarray],
+                  y_test: Optional[np.ndarray], x_unl: Optional[np.ndarray]) -> bool:
+    """Refuse, in one line naming the array, what cannot be trained on; True: no labelled row at all."""
+    for xs, kx in ((x, "x"), (x_unl, "x_unlabeled")):
+        if xs is not None and not (np.issubdtype(xs.dtype, np.integer) or np.issubdtype(xs.dtype, np.floating)
+                                   or xs.dtype == np.bool_):
+            raise DataError(f"{path}: features must be numeric (real numbers), got dtype {xs.dtype} ({kx})")
+    if x.ndim not in (2, 3, 4):
+        raise DataError(
+            f"{path}: x should be (N, D) vectors or (N, H, W) / (N, C, H, W) images, got shape {x.shape}"
+        )
+    unlabelled_only = len(x) == 0 and x_unl is not None and len(x_unl) > 0
+    _check_not_empty(path, x if not unlabelled_only else None, x_test)
+    for xs, kx in ((x_test, "x_test"), (x_unl, "x_unlabeled")):
+        if xs is not None and xs.shape[1:] != x.shape[1:]:
+            raise DataError(f"{path}: {kx} has samples of shape {xs.shape[1:]}, x has {x.shape[1:]}")
+    parts = ((x, y, "x", "y"), (x_test, y_test, "x_test", "y_test"), (x_unl, None, "x_unlabeled", ""))
+    for xs, ys, kx, ky in parts:
+        if xs is None:
+            continue
+        if ys is not None and (ys.ndim != 1 or len(ys) != len(xs)):
+            raise DataError(f"{path}: {ky} should be ({len(xs)},) to match {kx}, got shape {ys.shape}")
+        bad = _first_nonfinite(xs)
+        if bad is not None:
+            raise DataError(f"{path}: {kx} has NaN or infinite values (first in sample {bad})")
+
+    return unlabelled_only
+
+
+def refuse_lone_labels(y: np.ndarray, classes: tuple[str, ...], where: str) -> None:
+    """A class with fewer than 2 labelled rows cannot be split (stratified) nor scored: refused, named."""
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(classes)) if len(y) else np.zeros(0)
+    lone = [i for i, c in enumerate(counts.tolist()) if c == 1]
+    if lone:
+        names = ", ".join(repr(classes[i]) if i < len(classes) else str(i) for i in lone[:3])
+        more = f" and {len(lone) - 3} more" if len(lone) > 3 else ""
+        raise DataError(f"{where}: class {names}{more} has a single labelled row; a class needs at least 2 "
+                        f"(one to split off for scoring): label more rows, or leave its label empty")
 
 
 def _check_not_empty(path: Path, x: np.ndarray, x_test: np.ndarray | None) -> None:
@@ -776,7 +867,7 @@ def _as_tensor(x: np.ndarray) -> torch.Tensor:
 
 def _first_nonfinite(x: np.ndarray) -> int | None:
     """The first sample holding a NaN or an infinity, checked a chunk of rows at a time (integers: none)."""
-    if not np.issubdtype(x.dtype, np.floating):
+    if not np.issubdtype(x.dtype, np.floating) or x.size == 0:
         return None
     flat = x.reshape(len(x), -1)
     for i in range(0, len(x), _CHUNK):
@@ -802,7 +893,11 @@ def _encode_labels(y: np.ndarray, path: Path) -> tuple[np.ndarray, tuple[str, ..
     return y, tuple(str(v) for v in np.unique(y).tolist())
 
 
-def _read_npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+Arrays = tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]
+
+
+def _read_npz_arrays(path: Path) -> Arrays:
+    """x, y, x_test, y_test and x_unlabeled (rows for training only) of an .npz; absent ones None."""
     z = formats.read_npz(path)
     for key in ("x", "y"):
         if key not in z:
@@ -811,7 +906,7 @@ def _read_npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     if ("x_test" in z) != ("y_test" in z):
         raise DataError(f"{path}: has {'x_test' if 'x_test' in z else 'y_test'} without "
                         f"{'y_test' if 'x_test' in z else 'x_test'}; give both or neither")
-    return z["x"], z["y"], z.get("x_test"), z.get("y_test")
+    return z["x"], z["y"], z.get("x_test"), z.get("y_test"), z.get("x_unlabeled")
 
 
 def _check_label_columns(path: Path, header: list[str]) -> None:
@@ -830,7 +925,12 @@ def _check_label_columns(path: Path, header: list[str]) -> None:
                         f"ambiguous: rename the other")
 
 
-def _read_csv_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+# label cells that mean "no label": the row trains unlabelled (case does not matter)
+MISSING_LABELS = ("", "na", "n/a", "nan")
+
+
+def _read_csv_arrays(path: Path) -> Arrays:
+    """x, y, x_test, y_test (with a `split` column) and x_unlabeled (the rows whose label is empty or NA)."""
     header, rows = formats.read_csv(path)
     _check_label_columns(path, header)
     label_col = next((c for c in ("label", "y") if c in header), None)
@@ -846,26 +946,69 @@ def _read_csv_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     try:
         x = cells[:, feature_cols].astype(np.float64)
     except ValueError:
-        for r, row in enumerate(rows):  # find the first offending cell to name it
-            for i in feature_cols:
-                try:
-                    float(row[i])
-                except ValueError:
-                    raise DataError(f"{path}: column {header[i]!r} is not numeric (data row {r + 1}: "
-                                    f"{row[i]!r})") from None
+        _name_bad_cell(path, header, cells, feature_cols)
         raise
     raw = np.char.strip(cells[:, header.index(label_col)])
-    try:
-        y = raw.astype(np.int64)
-    except ValueError:
-        y = raw  # string labels: classes are the sorted strings
+    labelled = ~np.isin(np.char.lower(raw), MISSING_LABELS)
+    y = _label_values(raw[labelled], np.flatnonzero(labelled), path, label_col)
     if "split" not in header:
-        return x, y, None, None
+        return x[labelled], y, None, None, (x[~labelled] if not labelled.all() else None)
     split = np.char.lower(np.char.strip(cells[:, header.index("split")]))
     unknown = set(split.tolist()) - {"train", "test"}
     if unknown:
         raise DataError(f"{path}: column 'split' should hold train or test, found {sorted(unknown)[0]!r}")
-    train, test = split == "train", split == "test"
+    unlabelled_test = np.flatnonzero(~labelled & (split == "test"))
+    if len(unlabelled_test):
+        raise DataError(f"{path}: data row {unlabelled_test[0] + 1} is a test row without a label (a test "
+                        f"row is scored: give it a label, or make it a train row)")
+    train, test = split[labelled] == "train", split[labelled] == "test"
     if not train.any() or not test.any():
-        raise DataError(f"{path}: column 'split' has no {'train' if not train.any() else 'test'} rows")
-    return x[train], y[train], x[test], y[test]
+        raise DataError(f"{path}: column 'split' has no labelled {'train' if not train.any() else 'test'} "
+                        f"rows")
+    xl = x[labelled]
+    return xl[train], y[train], xl[test], y[test], (x[~labelled] if not labelled.all() else None)
+
+
+def _name_bad_cell(path: Path, header: list[str], cells: np.ndarray, columns: list[int]) -> None:
+    """Raise the DataError that names the first feature cell that is not a number (or the empty column)."""
+    for i in columns:
+        if not np.char.strip(cells[:, i]).astype(bool).any():
+            raise DataError(f"{path}: column {header[i]!r} is empty in every row (drop it, or fill it)")
+    for r, row in enumerate(cells):
+        for i in columns:
+            try:
+                float(row[i])
+            except ValueError:
+                raise DataError(f"{path}: column {header[i]!r} is not numeric (data row {r + 1}: "
+                                f"{str(row[i])!r})") from None
+
+
+def _label_values(raw: np.ndarray, rows: np.ndarray, path: Path, column: str) -> np.ndarray:
+    """The labels of the labelled rows: integers when every one is a number, strings when none is; a
+    column mostly of numbers with a few words (a typo, a stray note) is refused naming the first."""
+    if len(raw) == 0:
+        return raw.astype(np.int64)
+    numeric = np.array([_is_number(v) for v in raw.tolist()])
+    if numeric.all():
+        values = raw.astype(np.float64)
+        whole = np.isfinite(values) & (values == np.round(values))
+        if not whole.all():
+            r = int(np.argmin(whole))
+            raise DataError(f"{path}: column {column!r} holds non-integer labels such as {str(raw[r])!r} "
+                            f"(data row "
+                            f"{rows[r] + 1}); labels must be integers or names")
+        return values.astype(np.int64)
+    if numeric.mean() >= 0.5:  # mostly numbers: the words are mistakes, not classes
+        r = int(np.argmin(numeric))
+        raise DataError(f"{path}: column {column!r} holds numbers but data row {rows[r] + 1} holds "
+                        f"{str(raw[r])!r}; "
+                        f"an empty cell or NA marks a row without a label")
+    return raw  # names: classes are the sorted strings
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -31,7 +31,14 @@ import torch
 
 from augtune.config import DatasetConfig
 from augtune.data.batches import as_float
-from augtune.data.datasets import DataSplit, pixel_stats, register, stratified_indices, subsample_index
+from augtune.data.datasets import (
+    DataSplit,
+    pixel_stats,
+    refuse_lone_labels,
+    register,
+    stratified_indices,
+    subsample_index,
+)
 from augtune.data.formats import DataError, check_fits
 
 # torchvision's list
@@ -163,8 +170,37 @@ def _images_under(folder: Path) -> list[Path]:
     return sorted(found)
 
 
+UNLABELED = "unlabeled"  # the folder beside the class folders whose images have no label (not a class)
+
+
 def _class_folders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in folder.iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and p.name != UNLABELED)
+
+
+def unlabeled_folder(cfg: DatasetConfig) -> Path | None:
+    """The folder of unlabelled images: `dataset.unlabeled_dir` (relative to dataset.path), else the
+    training folder's unlabeled/ where there is one; None: none."""
+    root = _root(cfg)
+    if cfg.unlabeled_dir is not None:
+        folder = root / Path(cfg.unlabeled_dir).expanduser()
+        if not folder.is_dir():
+            raise DataError(f"dataset.unlabeled_dir: {folder} is not a folder")
+        return folder
+    folder = _split_dirs(root)[0] / UNLABELED
+    return folder if folder.is_dir() else None
+
+
+def unlabeled_files(cfg: DatasetConfig) -> list[Path]:
+    """The images of the unlabelled folder, at any depth, sorted (none: [])."""
+    folder = unlabeled_folder(cfg)
+    if folder is None:
+        return []
+    found = _images_under(folder)
+    if not found:
+        raise DataError(f"{folder}: the folder of unlabelled images holds no images "
+                        f"({', '.join(IMAGE_SUFFIXES)})")
+    return found
 
 
 def _split_dirs(root: Path) -> tuple[Path, Path | None]:
@@ -215,10 +251,14 @@ def _list_annotated(folder: Path, classes: Sequence[str]) -> tuple[list[Path], l
     return files, labels
 
 
-def list_tree(root: Path) -> tuple[list[Path], list[int], list[Path] | None, list[int] | None, list[str]]:
-    """(train files, labels, test files or None, labels or None, class names) of an image tree."""
+def list_tree(root: Path, unlabeled: bool = False
+              ) -> tuple[list[Path], list[int], list[Path] | None, list[int] | None, list[str]]:
+    """(train files, labels, test files or None, labels or None, class names) of an image tree;
+    `unlabeled`: it has unlabelled images, so no class folder at all is a data set without labels."""
     train_dir, test_dir = _split_dirs(root)
     files, labels, classes = _list_classes(train_dir, None)
+    if not files and unlabeled and test_dir is None:
+        return [], [], [], [], []
     if not files:
         raise DataError(f"{train_dir}: no class folders of images (expected <class>/<image>.jpg|png ...)")
     if len(classes) < 2:  # before one image is decoded: every metric would score 1.0
@@ -238,8 +278,9 @@ def list_tree(root: Path) -> tuple[list[Path], list[int], list[Path] | None, lis
 def tree_files(cfg: DatasetConfig) -> list[Path] | None:
     """Every file the split is read from (what a shared copy's key is computed over)."""
     root = _root(cfg)
-    train, _, test, *_ = list_tree(root)
-    return train + (test or []) + sorted(root.glob("*/val_annotations.txt"))
+    unlabeled = unlabeled_files(cfg)
+    train, _, test, *_ = list_tree(root, bool(unlabeled))
+    return train + (test or []) + unlabeled + sorted(root.glob("*/val_annotations.txt"))
 
 
 def _root(cfg: DatasetConfig) -> Path:
@@ -284,8 +325,10 @@ def _stats(
 def load_imagefolder(cfg: DatasetConfig) -> DataSplit:
     """A class-per-folder tree of images at ``dataset.path`` (see the module doc)."""
     root = _root(cfg)
-    files, labels, test_files, test_labels, classes = list_tree(root)
+    unlabeled = unlabeled_files(cfg)
+    files, labels, test_files, test_labels, classes = list_tree(root, bool(unlabeled))
     if test_files is None:
+        refuse_lone_labels(np.asarray(labels), tuple(classes), str(root))
         tr, te = stratified_indices(np.asarray(labels), test_size=cfg.test_fraction, seed=cfg.split_seed,
                                     what=f"dataset.test_fraction ({root})")
         test_files, test_labels = [files[i] for i in te.tolist()], [labels[i] for i in te.tolist()]
@@ -293,14 +336,19 @@ def load_imagefolder(cfg: DatasetConfig) -> DataSplit:
     files, y_train = _pick(files, labels, cfg.max_train, cfg.split_seed, "dataset.max_train")
     test_files, y_test = _pick(test_files, test_labels, cfg.max_test, cfg.split_seed, "dataset.max_test")
     size = cfg.image_size
-    x_train: torch.Tensor | ImageFiles = ImageFiles(files, size)
+    # the training images, then the unlabelled ones: one block, so that the rows trained on are a view
+    x_fit: torch.Tensor | ImageFiles = ImageFiles([*files, *unlabeled], size)
     x_test: torch.Tensor | ImageFiles = ImageFiles(test_files, size)
     if cfg.cache == "memory":
-        check_fits(root, (len(files) + len(test_files)) * 3 * size * size,
-                   f"{len(files) + len(test_files)} images at {size} px in memory (dataset.cache: memory; "
-                   f"`none` streams them)")
-        x_train, x_test = x_train.load(cfg.workers), x_test.load(cfg.workers)
-    mean, std = _stats(x_train, cfg.split_seed, cfg.workers)
+        n = len(x_fit) + len(test_files)
+        check_fits(root, n * 3 * size * size,
+                   f"{n} images at {size} px in memory (dataset.cache: memory; `none` streams them)")
+        x_fit, x_test = x_fit.load(cfg.workers), x_test.load(cfg.workers)
+    mean, std = _stats(x_fit, cfg.split_seed, cfg.workers)
+    if isinstance(x_fit, ImageFiles):  # streamed: each part its own list of files
+        x_train, x_unlabeled = ImageFiles(files, size), (ImageFiles(unlabeled, size) if unlabeled else None)
+    else:
+        x_train, x_unlabeled = x_fit[:len(files)], (x_fit[len(files):] if unlabeled else None)
     return DataSplit(
         "imagefolder",
         "image",
@@ -313,4 +361,5 @@ def load_imagefolder(cfg: DatasetConfig) -> DataSplit:
         mean,
         std,
         tuple(classes),
+        x_unlabeled,
     )

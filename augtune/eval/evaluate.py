@@ -11,6 +11,7 @@ from typing import Callable
 from augtune.config import EvalConfig
 from augtune.eval.clustering import cluster_scores, kmeans_scores
 from augtune.eval.knn import knn_accuracy
+from augtune.eval.label_free import LABEL_FREE, label_free_scores
 from augtune.eval.probes import linear_probe_accuracy, softmax_regression_accuracy
 
 Metric = Callable[..., dict[str, float]]
@@ -64,12 +65,24 @@ def _cluster(
                           bandwidth=cfg.cluster_bandwidth, quantile=cfg.cluster_quantile, seed=seed)
 
 
+def _label_free(name: str) -> Metric:
+    # on the held-out features (the test or validation split, or the unlabelled rows of data without
+    # labels), never their labels: a fixed subsample of them (augtune.eval.label_free)
+    def score(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, seed: int,
+              pairs=None) -> dict[str, float]:
+        return label_free_scores((name,), test_x, samples=cfg.label_free_samples, pairs=pairs)
+    return score
+
+
 METRICS: dict[str, Metric] = {
     "knn": _knn,  # -> knn_acc
     "sr": _sr,  # -> sr_acc
     "linear": _linear,  # -> linear_acc
     "kmeans": _kmeans,  # -> kmeans_acc, kmeans_nmi, kmeans_ari
     "cluster": _cluster,  # -> cluster_acc, cluster_nmi, cluster_ari, cluster_k
+    "rankme": _label_free("rankme"),  # -> rankme (effective rank; no labels read)
+    "uniformity": _label_free("uniformity"),  # -> uniformity (lower is better; no labels read)
+    "alignment": _label_free("alignment"),  # -> alignment (two views of each row; lower is better)
 }
 
 
@@ -80,21 +93,28 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "linear": ("linear_acc",),
     "kmeans": ("kmeans_acc", "kmeans_nmi", "kmeans_ari"),
     "cluster": ("cluster_acc", "cluster_nmi", "cluster_ari", "cluster_k"),
+    "rankme": ("rankme",),
+    "uniformity": ("uniformity",),
+    "alignment": ("alignment",),
 }
+# the metrics that read no label: all a data set without labels can be scored by
+NEEDS_NO_LABELS = frozenset(LABEL_FREE)
 
 
 def evaluate(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, metrics: tuple[str, ...],
-             seed: int = 0) -> dict[str, float]:
+             seed: int = 0, pairs=None) -> dict[str, float]:
     """Run the named ``metrics`` (keys of :data:`METRICS`) and return one flat ``{name: float}``.
 
     Features are float (N, D) and labels int (N,), torch tensors (any device) or numpy arrays.
-    Clustering metrics use the test split only. ``seed`` seeds each metric's own generator;
-    the global torch / numpy RNG state is never consumed.
+    Clustering metrics use the test split only, the label-free ones its features only (``pairs(rows)``:
+    the features of two views of those rows, for ``alignment``). ``seed`` seeds each metric's own
+    generator; the global torch / numpy RNG state is never consumed.
     """
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise KeyError(f"unknown metric(s) {unknown} (known: {', '.join(METRICS)})")
     out: dict[str, float] = {}
     for name in dict.fromkeys(metrics):  # in order, once each
-        out.update(METRICS[name](train_x, train_y, test_x, test_y, num_classes, cfg, seed))
+        extra = {"pairs": pairs} if name == "alignment" else {}
+        out.update(METRICS[name](train_x, train_y, test_x, test_y, num_classes, cfg, seed, **extra))
     return out

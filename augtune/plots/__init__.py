@@ -1,8 +1,11 @@
 """Figures: `augtune plot KIND PATH... [--out DIR]`, and the ones a run draws at its end.
 
-A kind is one module here holding ``plot(runs: list[Run], out: Path) -> list[Path]`` (the files it
-wrote; its docstring's first line is its help) and one line in :data:`PLOTS`
-(``"pinda": "augtune.plots.pinda"``). A :class:`Run` is a
+A kind is one module here (its docstring's first line is its help) holding
+``figures(runs: list[Run]) -> dict[str, Figure]`` (each matplotlib figure by its file's name, without
+``.png``) and ``plot(runs, out) -> list[Path]`` (those figures written into `out`), and one line in
+:data:`PLOTS` (``"pinda": "augtune.plots.pinda"``). :func:`figures` and :func:`figure` hand the figures
+back (a notebook shows them; ``path=`` writes one too), :func:`plot` writes them (``augtune plot``, the
+end of a run); a kind with ``plot`` alone (a plugin's) is drawn into files only. A :class:`Run` is a
 finished (or interrupted) run: its folder, record and config; its data and trained method are loaded
 on first use, from ``checkpoint.pt`` with ``weights_only=True`` (an in-process run's folder, a Ray
 trial's newest ``checkpoint_*`` folder), or handed over by the run that has just finished, so that
@@ -40,17 +43,23 @@ class PlotError(ValueError):
 
 def save(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, write and close a matplotlib figure; the path written."""
-    import matplotlib.pyplot as plt
+    _let_go(fig)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # legends and labels outside the axes are kept whole
+    return Path(path)
 
+
+def _let_go(fig) -> None:
+    """Lay a figure out and close it in pyplot: the Figure still draws and saves, but pyplot no longer
+    holds it (a notebook would show it a second time at the end of the cell, a loop would keep it)."""
     import warnings
 
-    # colour bars make tight_layout warn; the tight bounding box below suffices
+    import matplotlib.pyplot as plt
+
+    # colour bars make tight_layout warn; the tight bounding box `save` writes suffices
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fig.tight_layout()
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # legends and labels outside the axes are kept whole
     plt.close(fig)
-    return Path(path)
 
 
 def run_stem(run: "Run") -> str:
@@ -146,11 +155,23 @@ class Run:
     def device(self):
         return next(self.method.parameters()).device
 
+    @property
+    def encoder(self):
+        """The trained network evaluation sees (`eval.encoder`): the input normalisation and the backbone,
+        the momentum target's copy under `eval.encoder: target` (as `MomentumObjective.features`)."""
+        objective = self.method.objective
+        target = getattr(objective, "target_encoder", None)
+        if target is not None and self.cfg.eval.encoder in ("target", "target_if_any"):
+            return target
+        return objective.encoder
+
     def features(self, split: str = "test"):
-        """(N, F) float32 CPU features of the split (`train` or `test`) under `eval.encoder`."""
+        """(N, F) float32 CPU features of the split (`train`, `test` or `val`) under `eval.encoder`."""
         from augtune.eval import extract_features
 
-        x = getattr(self.data, f"x_{split}")
+        x = getattr(self.data, f"x_{split}", None)
+        if x is None:
+            raise PlotError(f"{self.path}: the run's data has no {split} split")
         return extract_features(self.method.features, x, self.cfg.eval.batch_size or 256, self.device)
 
 
@@ -252,6 +273,33 @@ def plot(kind: str, runs: list[Run], out: Path) -> list[Path]:
         if created and not any(out.iterdir()):  # a figure that failed leaves no empty folder behind
             out.rmdir()
         raise
+
+
+def figures(kind: str, runs: list[Run]) -> dict[str, Any]:
+    """Figure `kind` of `runs` as matplotlib Figures, by name (the file `plot` writes is the name +
+    `.png`), laid out and let go by pyplot: each draws, shows in a notebook and saves (`fig.savefig`)."""
+    if kind not in PLOTS:
+        raise PlotError(f"unknown figure {kind!r} (known: {', '.join(PLOTS) or 'none yet'})")
+    module = importlib.import_module(PLOTS[kind])
+    if not hasattr(module, "figures"):  # a plugin's kind that writes its files itself
+        raise PlotError(f"figure {kind!r} is drawn into files only: plot({kind!r}, runs, out)")
+    drawn = module.figures(runs)
+    for fig in drawn.values():
+        _let_go(fig)
+    return drawn
+
+
+def figure(kind: str, runs: list[Run], which: Optional[str] = None, path: Optional[Path] = None):
+    """One figure of kind `kind` (a matplotlib Figure): the first it draws, or the first whose name holds
+    `which` (`"parallel"` of a search's three); `path`: written there too."""
+    drawn = figures(kind, runs)
+    names = [name for name in drawn if which is None or which in name]
+    if not names:
+        raise PlotError(f"{kind}: no figure named like {which!r} among {', '.join(drawn) or 'none'}")
+    fig = drawn[names[0]]  # the others go with `drawn`: pyplot holds none of them
+    if path is not None:
+        save(fig, Path(path))
+    return fig
 
 
 def describe(kind: str) -> str:

@@ -64,13 +64,18 @@ def spectrum(run: Run) -> np.ndarray:
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """CoCor's latent similarity per composite length (Fig. 4a) and feature spectrum (Fig. 4b)."""
+    return [save(fig, out / f"{name}.png", dpi=120) for name, fig in figures(runs).items()]
+
+
+def figures(runs: list[Run]) -> dict:
+    """The similarity per length, per epoch (runs that trained with CoCor) and the spectrum, by name."""
     import matplotlib.pyplot as plt
 
     if not runs:
         raise PlotError("cocor: no runs given")
     lengths = tuple(sorted({l for r in runs for l in r.cfg.cocor.lengths} | {1, 2, 3}))
     groups = variants(runs)
-    files: list[Path] = []
+    drawn = {}
 
     fig, ax = plt.subplots(figsize=(7.5, 3.5))
     for i, (name, group) in enumerate(groups.items()):
@@ -82,7 +87,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     ax.set_xticks(lengths)
     ax.set_title("Latent similarity per length (CoCor Fig. 4a)")
     _legend(ax)
-    files.append(save(fig, out / "cocor_similarity.png", dpi=120))
+    drawn["cocor_similarity"] = fig
 
     trained = {
         name: group
@@ -108,7 +113,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         ax.set_xlabel("epoch")
         ax.set_ylabel("mean latent similarity (training)")
         _legend(ax)
-        files.append(save(fig, out / "cocor_similarity_epochs.png", dpi=120))
+        drawn["cocor_similarity_epochs"] = fig
 
     fig, ax = plt.subplots(figsize=(7.5, 3.5))
     for i, (name, group) in enumerate(groups.items()):
@@ -124,5 +129,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     ax.set_ylabel("singular value of feature covariance")
     ax.set_title("Dimensional collapse (CoCor Fig. 4b)")
     _legend(ax)
-    files.append(save(fig, out / "cocor_spectrum.png", dpi=120))
-    return files
+    drawn["cocor_spectrum"] = fig
+    return drawn

@@ -29,7 +29,7 @@ def _pick(y, n: int) -> list[int]:
     return (first + rest)[:n]
 
 
-def _samples_figure(run, out: Path) -> Path:
+def _samples_figure(run) -> tuple[str, object]:
     import matplotlib.pyplot as plt
     import torch
 
@@ -71,10 +71,10 @@ def _samples_figure(run, out: Path) -> Path:
             ax.set_title(f"class {data.classes[int(data.y_test[idx[r]])]}", fontsize=9)
         axes[0, 0].set_ylabel("feature value")
     fig.suptitle(f"{run.label}: test samples and generated positives, lambda={lam}{note}", fontsize=10)
-    return save(fig, out / f"diffaug_samples_{run.cfg.dataset.name}_lam{lam}_seed{run.cfg.train.seed}.png")
+    return f"diffaug_samples_{run.cfg.dataset.name}_lam{lam}_seed{run.cfg.train.seed}", fig
 
 
-def _lambda_curve(runs, out: Path, dataset: str) -> Path | None:
+def _lambda_curve(runs, dataset: str) -> tuple[str, object] | None:
     import matplotlib.pyplot as plt
 
     by_lam: dict[float, list[dict]] = defaultdict(list)
@@ -98,22 +98,29 @@ def _lambda_curve(runs, out: Path, dataset: str) -> Path | None:
     n = sum(len(v) for v in by_lam.values())
     ax.set_title(f"DiffAug lambda sweep on {dataset} ({n} runs, mean +- std)", fontsize=10)
     ax.legend(fontsize=8)
-    return save(fig, out / f"diffaug_lambda_{dataset}.png")
+    return f"diffaug_lambda_{dataset}", fig
 
 
 def plot(runs, out: Path) -> list[Path]:
+    """Originals beside generated positives; the lambda curve of a sweep (DiffAug 3.6)."""
+    return [save(fig, out / f"{name}.png") for name, fig in figures(runs).items()]
+
+
+def figures(runs) -> dict:
+    """The samples figure of each data set and lambda, and each data set's lambda curve, by name."""
     runs = [r for r in runs if "diffaug" in r.cfg.method.augment]
     if not runs:
         raise PlotError("no run with diffaug in method.augment among these")
-    files: list[Path] = []
+    drawn = {}
     seen: set[tuple] = set()
     for run in runs:  # one sample figure per data set and lambda (a sweep's seeds look alike)
         key = (run.cfg.dataset.name, run.cfg.diffaug.lam)
         if key not in seen:
             seen.add(key)
-            files.append(_samples_figure(run, out))
+            name, fig = _samples_figure(run)
+            drawn[name] = fig
     for dataset in dict.fromkeys(r.cfg.dataset.name for r in runs):  # a lambda curve per data set
-        curve = _lambda_curve([r for r in runs if r.cfg.dataset.name == dataset], out, dataset)
+        curve = _lambda_curve([r for r in runs if r.cfg.dataset.name == dataset], dataset)
         if curve is not None:
-            files.append(curve)
-    return files
+            drawn[curve[0]] = curve[1]
+    return drawn

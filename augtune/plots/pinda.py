@@ -40,9 +40,14 @@ def _show(ax, img: torch.Tensor, symmetric: bool = False, vmax: float = 1.0):
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """Noise grid of each run with PiNDA on image data: originals, Sigma, mu, noise, x + noise."""
+    return [save(fig, out / f"{name}.png") for name, fig in figures(runs).items()]
+
+
+def figures(runs: list[Run]) -> dict:
+    """Each run's noise grid, by name (`pinda_noise_<run>`)."""
     import matplotlib.pyplot as plt
 
-    written = []
+    drawn = {}
     for run in runs:
         aug = run.augmentation("pinda")
         if run.data.modality != "image":
@@ -71,5 +76,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             else:  # images are on [0, 1]
                 axes[r, n].axis("off")
         fig.suptitle(f"{run.label}: π-noise (‖ε‖ mean {noise.flatten(1).norm(dim=1).mean():.2f})", fontsize=9)
-        written.append(save(fig, out / f"pinda_noise_{run_stem(run)}.png"))
-    return written
+        drawn[f"pinda_noise_{run_stem(run)}"] = fig
+    return drawn

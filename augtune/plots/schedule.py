@@ -13,10 +13,15 @@ from augtune.plots import PlotError, Run, save
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """The knobs' values per epoch of every run (a PBT population's schedules), exploits marked."""
+    return [save(fig, Path(out) / f"{name}.png") for name, fig in figures(runs).items()]
+
+
+def figures(runs: list[Run]) -> dict:
+    """The one figure of the schedules, by name (`schedule`)."""
     from augtune.analysis.schedules import figure
 
     try:
-        fig = figure([r.record for r in runs], [str(r.record.get("trial") or r.path.name) for r in runs])
+        return {"schedule": figure([r.record for r in runs],
+                                   [str(r.record.get("trial") or r.path.name) for r in runs])}
     except AnalysisError as e:
         raise PlotError(str(e)) from None
-    return [save(fig, Path(out) / "schedule.png")]

@@ -46,33 +46,31 @@ def _goal(trials: list[Run]) -> tuple[str, str]:
     return metric, mode
 
 
-def _draw(study, varying: list[str], metric: str, stem: str, out: Path) -> list[Path]:
-    import matplotlib.pyplot as plt
+def _draw(study, varying: list[str], metric: str, stem: str) -> dict:
     from matplotlib.ticker import MaxNLocator
     from optuna.visualization import matplotlib as ovm
 
     from augtune.analysis.importance import everywhere, param_importances
 
-    written = []
+    drawn = {}
     ax = ovm.plot_optimization_history(study, target_name=metric)
     ax.set_xlabel("trial (in the order it started)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    written.append(save(ax.figure, out / f"search_history{stem}.png"))
+    drawn[f"search_history{stem}"] = ax.figure
     ax = ovm.plot_parallel_coordinate(study, params=varying, target_name=metric)
     ax.figure.set_size_inches(max(6.4, 1.6 * (len(varying) + 1)), 4.8)  # room for each parameter's ticks
-    written.append(save(ax.figure, out / f"search_parallel{stem}.png"))
+    drawn[f"search_parallel{stem}"] = ax.figure
     params = [k for k in everywhere(study) if k in varying]
     if params:
         _, how, evaluator = param_importances(study, params)
         ax = ovm.plot_param_importances(study, evaluator=evaluator, params=params, target_name=metric)
         ax.set_title(f"Hyperparameter importances ({how})", loc="left")  # replaces Optuna's own title
-        written.append(save(ax.figure, out / f"search_importances{stem}.png"))
-    plt.close("all")
-    return written
+        drawn[f"search_importances{stem}"] = ax.figure
+    return drawn
 
 
-def plot(runs: list[Run], out: Path) -> list[Path]:
-    """Search history, parallel coordinates and importances of the searches among the runs (Optuna)."""
+def figures(runs: list[Run]) -> dict:
+    """Search history, parallel coordinates and importances of each search among the runs, by name."""
     import matplotlib
     from optuna.exceptions import ExperimentalWarning
 
@@ -82,7 +80,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     if not searches:
         raise PlotError("no search trials among these runs (records with the parameters a search gave them); "
                         "give an augtune search or compare folder")
-    written: list[Path] = []
+    drawn: dict = {}
     skipped = []
     for folder, trials in sorted(searches.items()):
         metric, mode = _goal(trials)
@@ -95,14 +93,19 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         # keep both inside this block, so the next figure drawn in this process looks as before
         with warnings.catch_warnings(), matplotlib.rc_context():
             warnings.simplefilter("ignore", ExperimentalWarning)
-            written += _draw(study, varying, metric, stem, out)
-    if not written:
+            drawn.update(_draw(study, varying, metric, stem))
+    if not drawn:
         raise PlotError("nothing to draw: " + "; ".join(skipped))
     if skipped:  # one short line: each reason can list many parameters
         names = ", ".join(s.split(":", 1)[0] for s in skipped)
         warnings.warn(f"not drawn for {len(skipped)} search(es) with fewer than two trials or nothing "
                       f"varied: {names[:300]}", PlotWarning, stacklevel=2)
-    return written
+    return drawn
+
+
+def plot(runs: list[Run], out: Path) -> list[Path]:
+    """Search history, parallel coordinates and importances of the searches among the runs (Optuna)."""
+    return [save(fig, out / f"{name}.png") for name, fig in figures(runs).items()]
 
 
 class PlotWarning(UserWarning):

@@ -15,13 +15,18 @@ from augtune.plots import Run, run_stem, save
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
     """UMAP scatter of each run's test features: by class and by cluster found (NRCC Fig. 1)."""
+    return [save(fig, out / f"{name}.png") for name, fig in figures(runs).items()]
+
+
+def figures(runs: list[Run]) -> dict:
+    """Each run's UMAP figure, by name (`umap_<run>`)."""
     import matplotlib.pyplot as plt
     from sklearn.metrics import adjusted_rand_score
 
     from augtune.eval.clustering import cluster_accuracy, umap_embed
     from augtune.eval.gridshift import auto_bandwidth, gridshift
 
-    written = []
+    drawn = {}
     for run in runs:
         e, seed = run.cfg.eval, run.cfg.train.seed
         y = run.data.y_test.numpy()
@@ -44,5 +49,5 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             f"{cluster_accuracy(y, found):.3f}, ARI {adjusted_rand_score(y, found):.3f}",
             fontsize=10,
         )
-        written.append(save(fig, out / f"umap_{run_stem(run)}.png"))
-    return written
+        drawn[f"umap_{run_stem(run)}"] = fig
+    return drawn

@@ -20,6 +20,7 @@ repeat (a race where it stopped).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,7 +103,7 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
     seeds = [cfg.train.seed + i for i in range(1, repeat_seeds(c) + 1)]
     values = {
         "method.base": entrant.base, "method.augment": list(entrant.augment),
-        "search.space": entrant.space, "search.hold": list(HELD),
+        "search.space": entrant.space, "search.hold": list(dict.fromkeys([*HELD, *cfg.search.hold])),
         # TPE would credit a PBT trial's last score to its first values: a population starts at random
         "search.algorithm": "random" if entrant.scheduler in SCHEDULES else "optuna",
         "search.num_samples": c.trials, "search.metric": c.metrics[0], "search.mode": "max",
@@ -126,38 +127,56 @@ class ComparePlan:
     modality: Optional[str] = None
     budget: str = ""  # how `compare.time_budget` sized the compare, when it is set
     budget_began: Optional[float] = None  # when its measuring began (time.monotonic): the budget's start
+    # `compare.equal: compute`: each entrant's train.epochs (its label -> epochs); None: train.epochs each
+    epochs: Optional[dict] = None
 
     def save(self) -> None:
         from augtune.search.storage import write_bytes
 
-        data = {"config": to_dict(self.cfg), "entrants": list(self.labels), "modality": self.modality}
+        data = {"config": to_dict(self.cfg), "entrants": list(self.labels), "modality": self.modality,
+                **({"epochs": dict(self.epochs)} if self.epochs else {})}
         write_bytes(self.experiment, COMPARE_FILE, yaml.safe_dump(data, sort_keys=False).encode())
 
 
 def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address: Optional[str] = None,
-                 dashboard: bool = False, figure_kinds=None, data=None) -> ComparePlan:
+                 dashboard: bool = False, figure_kinds=None, data=None,
+                 epochs: Optional[dict] = None) -> ComparePlan:
     """Every entrant's search planned (and so checked) before Ray starts or anything is written. The data
     set is the caller's to check (it has loaded it to learn its `modality`): every entrant's is the same,
-    so it is not loaded again for each."""
+    so it is not loaded again for each. `epochs`: each entrant's epochs under `compare.equal: compute`
+    when an earlier plan measured them (a resume); measured here otherwise."""
     from augtune.search import plan_config
     from augtune.search.plan import fit_size
 
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
+    from augtune.eval import LOWER_IS_BETTER
+
+    lower = [m for m in cfg.compare.metrics if m in LOWER_IS_BETTER]
+    if lower:
+        raise ConfigError(f"compare.metrics: {lower[0]} is lower-is-better and a compare ranks the highest "
+                          f"mean; record it with eval.metrics, or search it (search.mode: min)")
+    if data is not None and len(data.y_train) == 0:
+        cfg = label_free(cfg)
     if cfg.train.seed + repeat_seeds(cfg.compare) > SEED_MAX:
         key = "compare.race.max_seeds" if cfg.compare.race.enabled else "compare.seeds"
         raise ConfigError(f"train.seed: {cfg.train.seed} + {key} ({repeat_seeds(cfg.compare)}) passes "
                           f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     if data is not None and cfg.compare.vary is None:
         cfg = replace(cfg, compare=replace(cfg.compare, vary=default_vary(len(data.y_test))))
-    budget, began = "", None
+    budget, began, costs = "", None, None
     if data is not None and cfg.compare.time_budget is not None:
         began = time.monotonic()
-        cfg, budget = fit_time_budget(cfg, modality, address)
+        cfg, budget, costs = fit_time_budget(cfg, modality, address)
+    if cfg.compare.equal == "compute" and epochs is None and data is not None:
+        costs = costs or measure_costs(cfg, modality)
+        epochs = dict(zip((e.label for e in entrants(cfg, modality)), equal_compute(costs, cfg.train.epochs)))
     experiment = f"{storage.rstrip('/')}/{name}"
     plans = []
     for e in entrants(cfg, modality):
         entrant = entrant_config(cfg, e)
+        if epochs and e.label in epochs:  # compare.equal: compute
+            entrant = replace(entrant, train=replace(entrant.train, epochs=int(epochs[e.label])))
         if data is not None:  # each entrant's networks within memory, its knn_k below the samples
             from augtune.checks import check_against_data
 
@@ -166,30 +185,48 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                                  dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
                                  check_data=False, modality=modality,
                                  n_train=None if data is None else fit_size(data, cfg.dataset.val_fraction)))
-    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began)
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began,
+                       epochs if cfg.compare.equal == "compute" else None)
 
 
-def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -> tuple[Config, str]:
+def equal_compute(costs, epochs: int) -> list[int]:
+    """`compare.equal: compute`: each entrant's epochs, so that its training costs about what the cheapest
+    entrant's `epochs` cost (never more: rounded down; never fewer than its phase schedule needs)."""
+    cheapest = min(c.epoch_s for c in costs)
+    return [max(c.min_epochs, min(epochs, math.floor(epochs * cheapest / c.epoch_s + 1e-9))) for c in costs]
+
+
+def label_free(cfg: Config) -> Config:
+    """A compare of data without labels: its columns are the label-free ones it names, else `rankme`
+    (it selects and races on the first); every run evaluates those only (RankMe, Garrido et al. 2023:
+    choosing by it lost little against a labelled probe on ImageNet; benchmarks/label_free.py)."""
+    from augtune.eval import NEEDS_NO_LABELS
+
+    metrics = tuple(m for m in cfg.compare.metrics if m in NEEDS_NO_LABELS) or ("rankme",)
+    # CoCor's MMNN reads labels: with none, its constant targets (App. F), in every trial
+    hold = tuple(dict.fromkeys([*cfg.search.hold, "cocor.mmnn"]))
+    return replace(cfg, compare=replace(cfg.compare, metrics=metrics),
+                   eval=replace(cfg.eval, metrics=metrics, epoch_metrics=()),
+                   cocor=replace(cfg.cocor, mmnn=False), search=replace(cfg.search, hold=hold))
+
+
+def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -> tuple[Config, str, list]:
     """`cfg` with `compare.trials`, `train.epochs` and `compare.seeds` sized to `compare.time_budget`
-    from each entrant's first epoch, measured here (`augtune.search.budget`), and the line that says so.
-    The measuring is part of the budget."""
+    from each entrant's first epoch, measured here (`augtune.search.budget`), the line that says so, and
+    the costs measured. The measuring is part of the budget. Under `compare.equal: compute` the epochs
+    sized are the cheapest entrant's, and each other entrant's run costs about as much as its."""
     import os
 
-    from augtune.data import load_dataset
     from augtune.search import budget as b
-    from augtune.search.plan import concurrency, selecting
-    from augtune.spaces import resolve_space
+    from augtune.search.plan import concurrency
 
     start = time.monotonic()
     total = b.budget_seconds(cfg)
-    data = load_dataset(selecting(cfg).dataset)  # what a search trial trains and is scored on
-    costs: list = []
-    for e in entrants(cfg, modality):
-        entrant = entrant_config(cfg, e)
-        space = resolve_space(entrant.search, modality)
-        first = space.points_to_evaluate[0] if space.points_to_evaluate else {}
-        costs.append(b.measure(selecting(from_dict(set_values(to_dict(entrant), first))), data,
-                               evaluate_s=costs[0].evaluate_s if costs else None))
+    measured = measure_costs(cfg, modality)
+    costs = measured
+    if cfg.compare.equal == "compute":  # every entrant's epochs cost the cheapest one's
+        cheapest = min(x.epoch_s for x in measured)
+        costs = [replace(x, epoch_s=cheapest) for x in measured]
     c = cfg.compare
     if address:  # a cluster's size is known once Ray is connected: its concurrency limit, else one
         slots = cfg.search.max_concurrent or 1
@@ -207,7 +244,26 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     seeds = c.seeds if c.race.enabled else got.seeds  # a race's are its max_seeds
     fitted = replace(cfg, compare=replace(c, trials=got.trials, seeds=seeds, race=race),
                      train=replace(cfg.train, epochs=got.epochs))
-    return fitted, got.describe((c.trials, cfg.train.epochs, repeat_seeds(c)))
+    return fitted, got.describe((c.trials, cfg.train.epochs, repeat_seeds(c))), measured
+
+
+def measure_costs(cfg: Config, modality: str) -> list:
+    """Each entrant's cost (`budget.measure`: an epoch of its first configuration, timed in this process
+    on the search's data), in `entrants` order."""
+    from augtune.data import load_dataset
+    from augtune.search import budget as b
+    from augtune.search.plan import selecting
+    from augtune.spaces import resolve_space
+
+    data = load_dataset(selecting(cfg).dataset)  # what a search trial trains and is scored on
+    costs: list = []
+    for e in entrants(cfg, modality):
+        entrant = entrant_config(cfg, e)
+        space = resolve_space(entrant.search, modality)
+        first = space.points_to_evaluate[0] if space.points_to_evaluate else {}
+        costs.append(b.measure(selecting(from_dict(set_values(to_dict(entrant), first))), data,
+                               evaluate_s=costs[0].evaluate_s if costs else None))
+    return costs
 
 
 def default_vary(n_test: int) -> tuple[str, ...]:
@@ -225,7 +281,6 @@ def describe_compare(plan: ComparePlan) -> list[str]:
 
     c = plan.cfg.compare
     seeds = list(plan.plans[0].cfg.search.repeat_best.seeds)
-    epochs = plan.plans[0].cfg.train.epochs
     race = c.race
     if race.enabled:
         then = (f"then a race of each entrant's best {race.finalists} configuration(s) on seeds {seeds[0]}.."
@@ -236,14 +291,17 @@ def describe_compare(plan: ComparePlan) -> list[str]:
         then, each = f"then each entrant's best on seeds {seeds}", len(seeds)
     lines = [f"{len(plan.labels)} entrants on {plan.modality or 'the'} data: {', '.join(plan.labels)}; "
              f"{c.trials} trials each, {then}; metrics {', '.join(c.metrics)}"]
-    trials = 0
+    if plan.epochs:
+        lines.append("equal compute (compare.equal: compute): epochs per entrant, each about the cost of the "
+                     "cheapest one's: " + ", ".join(f"{k} {v}" for k, v in plan.epochs.items()))
+    trials = most = 0
     for p in plan.plans:
         lines += describe(p, repeat_runs=each)
         trials += trials_of(p)
-    runs = trials + each * len(plan.plans)
+        most += (trials_of(p) + each) * p.cfg.train.epochs
     least = f"{race.finalists * race.min_seeds * len(plan.plans)} to " if race.enabled else ""
     lines.append(f"in all: {trials} search trials and {least}{each * len(plan.plans)} repeat runs, at most "
-                 f"{runs * epochs} epochs")
+                 f"{most} epochs")
     return lines + ([plan.budget] if plan.budget else [])
 
 
@@ -590,7 +648,8 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
         cfg = from_dict(data["config"])
         labels = tuple(str(x) for x in data["entrants"])
         modality = data.get("modality") if data.get("modality") in ("image", "vector") else None
-    except (OSError, KeyError, TypeError, UnicodeDecodeError) as e:
+        epochs = {str(k): int(v) for k, v in data["epochs"].items()} if data.get("epochs") else None
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{file}: cannot be read ({type(e).__name__})") from None
     plans = []
     for label in labels:
@@ -602,9 +661,10 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
         from augtune.data import load_dataset
 
         modality = modality or load_dataset(cfg.dataset).modality
-        fresh = plan_compare(cfg, modality, storage=str(folder.parent), name=folder.name, address=address)
+        fresh = plan_compare(cfg, modality, storage=str(folder.parent), name=folder.name, address=address,
+                             epochs=epochs)
         plans = [p if p is not None else f for p, f in zip(plans, fresh.plans)]
-    return ComparePlan(cfg, str(folder), tuple(plans), labels, modality)
+    return ComparePlan(cfg, str(folder), tuple(plans), labels, modality, epochs=epochs)
 
 
 def is_compare(exp_dir: str) -> bool:

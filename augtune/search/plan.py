@@ -34,6 +34,7 @@ class SearchPlan:
     address: Optional[str] = None
     dashboard: bool = False
     modality: Optional[str] = None  # the data's (image, vector): what the space may sample depends on it
+    rows: str = ""  # how many rows are labelled and unlabelled (`describe_rows`), when the data was loaded
 
     @property
     def experiment(self) -> str:
@@ -86,10 +87,15 @@ def trial_base(cfg: Config, storage: str) -> dict:
 
 
 def check_metric(cfg: Config) -> None:
+    from augtune.eval import LOWER_IS_BETTER
+
     reported = reported_metrics(cfg)
     if cfg.search.metric not in reported:
         raise ConfigError(f"search.metric: no trial reports {cfg.search.metric!r} with these eval.metrics "
                           f"(reported: {', '.join(sorted(reported))})")
+    if cfg.search.metric in LOWER_IS_BETTER and cfg.search.mode == "max":
+        raise ConfigError(f"search.mode: max would choose the worst {cfg.search.metric} (lower is better): "
+                          f"set search.mode: min")
 
 
 SAMPLES_CHECKED = 16  # seeded samples of a space checked at planning, beside its points
@@ -241,6 +247,7 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
 
         if per not in dotted_keys():
             raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
+    rows = ""
     if check_data:
         from augtune.checks import check_against_data
 
@@ -250,6 +257,9 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
             raise ConfigError(str(e)) from None
         modality, n_train = data.modality, fit_size(data)
         check_against_data(cfg, data)  # knn_k below the samples; the networks within memory
+        from augtune.data.datasets import describe_rows
+
+        rows = describe_rows(data)
     space = resolve_space(cfg.search, modality)
     check_algorithm(cfg.search, space)
     from augtune.search.pbt import check_pbt
@@ -264,7 +274,7 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
             raise ConfigError(
                 "resources.use_gpu: true, but this machine has no GPU (use --address for a cluster)"
             )
-    plan = SearchPlan(cfg, base, storage, check_name(name), address, dashboard, modality)
+    plan = SearchPlan(cfg, base, storage, check_name(name), address, dashboard, modality, rows)
     if check_name_free:
         name_is_free(plan.experiment)
     return plan

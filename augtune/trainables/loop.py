@@ -19,9 +19,9 @@ import torch.utils.serialization.config as serialization
 from torch import nn
 
 from augtune.config import SCHEDULES, Config, parse_duration, replace_values, to_dict, value_of, values_at
-from augtune.data.batches import batches, on_device
+from augtune.data.batches import batches, on_device, sequential
 from augtune.data.views import build_view
-from augtune.eval import evaluate, extract_features
+from augtune.eval import NEEDS_NO_LABELS, evaluate, extract_features
 from augtune.methods import Batch, OptimizerSpec, StepInfo, build_method
 from augtune.methods.base import Update
 from augtune.methods.losses import allreduce_gradients
@@ -410,28 +410,55 @@ class Trainer:
         held = [("", d.x_test, d.y_test)]
         if d.x_val is not None and not monitor:
             held.append((VAL_PREFIX, d.x_val, d.y_val))
+        if len(y_tr) == 0:  # data without labels: the label-free scores of the unlabelled rows (checked),
+            # which are also its validation rows (there is no other split; RankMe scores training rows too)
+            held = [("", d.x_unlabeled, None)]
+            if self.cfg.dataset.evaluate_on == "both" and not monitor:
+                held.append((VAL_PREFIX, d.x_unlabeled, None))
         i_tr = self._monitor_index(len(x_tr), "train") if monitor else None  # rows evaluated (None: all)
         y_tr = y_tr if i_tr is None else y_tr[i_tr]
+        label_free = len(y_tr) == 0 or all(m in NEEDS_NO_LABELS for m in metrics)
         was_training = self.method.training
         self.method.eval()
         try:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 fn = fn or self.method.features
                 bs, workers = self._eval_batch(), self.cfg.dataset.workers
-                train_f = extract_features(fn, x_tr, bs, self.device, index=i_tr, workers=workers)
+                train_f = None if label_free else extract_features(fn, x_tr, bs, self.device, index=i_tr,
+                                                                   workers=workers)
                 parts = []
                 for prefix, x, y in held:
                     i = self._monitor_index(len(x), "test") if monitor else None
                     f = extract_features(fn, x, bs, self.device, index=i, workers=workers)
-                    parts.append((prefix, f, y if i is None else y[i]))
+                    pairs = self._view_pairs(fn, x, i) if "alignment" in metrics else None
+                    parts.append((prefix, f, y if y is None or i is None else y[i], pairs))
         finally:
             self.method.train(was_training)
         out = {}
-        for prefix, f, y in parts:
+        for prefix, f, y, pairs in parts:
             scores = evaluate(train_f, y_tr, f, y, d.num_classes, self.cfg.eval, metrics,
-                              seed=self.cfg.train.seed if seed is None else seed)
+                              seed=self.cfg.train.seed if seed is None else seed, pairs=pairs)
             out.update({prefix + k: v for k, v in scores.items()})
         return out
+
+    def _view_pairs(self, fn, x, index: Optional[torch.Tensor]):
+        """pairs(rows) -> the features of two training views of the rows `rows` of x[index] (alignment's
+        positive pairs). The views are drawn from seed 0 in a forked RNG, so scoring changes neither the
+        training's random stream nor with it: every run's pairs are the same draws of its own views."""
+        def pairs(rows: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            chosen = torch.arange(len(x)) if index is None else index
+            chosen = chosen if rows is None else chosen[rows]
+            a, b = [], []
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.no_grad(), torch.random.fork_rng(devices=devices):
+                torch.manual_seed(0)
+                for xb in batches(x, sequential(len(x), self._eval_batch(), chosen), self.device,
+                                  self.cfg.dataset.workers):
+                    v1, v2 = two_views(self.view, xb, len(xb), slice(0, len(xb)), one_pass=False)
+                    a.append(fn(v1).float().cpu())
+                    b.append(fn(v2).float().cpu())
+            return torch.cat(a), torch.cat(b)
+        return pairs
 
     def evaluate_references(self) -> dict[str, dict]:
         """`raw`: the input itself as the feature; `random-init`: the untrained backbone (call first).

@@ -104,7 +104,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
     # data and model; and what the process spent before its first trial (CPU: see _process_start_s)
     trainer.seconds.update(setup=time.perf_counter() - start, start=started)
     trainer.cpu_seconds.update(setup=time.process_time() - cpu, start=started)
-    record = start_record(cfg)
+    record = start_record(cfg, data)
     record.data.update(about or {})  # what the search knows of this trial: its parameters, its phase
     remote = folder is not None and folder.uri is not None  # a trial in cloud storage: waits out outages
     copied = False  # a PBT exploit: another trial's checkpoint, continued here

@@ -18,7 +18,7 @@ from augtune.records import versions, write_json_atomic
 
 _EVAL_KEYS = ("metrics", "knn_k", "sr_epochs", "sr_lr", "sr_batch_size", "linear_val_fraction", "cluster",
               "umap_components", "umap_neighbors", "umap_min_dist", "umap_metric", "cluster_bandwidth",
-              "cluster_quantile")
+              "cluster_quantile", "label_free_samples")
 
 
 def reference_key(cfg: Config, kind: str) -> str:
@@ -29,6 +29,8 @@ def reference_key(cfg: Config, kind: str) -> str:
              "augtune": versions().get("augtune")}
     if kind == "random-init":
         parts.update(model=to_dict(cfg.model), seed=cfg.train.seed)
+    if "alignment" in cfg.eval.metrics:  # scored on two views of each sample: the views matter
+        parts.update(view=to_dict(cfg.view))
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -36,13 +36,17 @@ def progress_line(metrics: dict, epochs: int) -> str:
     return "  ".join(parts)
 
 
-def start_record(cfg: Config) -> RunRecord:
+def start_record(cfg: Config, data=None) -> RunRecord:
     """A new record for a run of `cfg` (status `running`): the same keys whichever runner runs it; a search
-    adds what it knows of the trial (`params`, `phase`)."""
+    adds what it knows of the trial (`params`, `phase`). With its `data`, the rows it trained and was
+    scored on (`rows`: labelled train, held-out, unlabelled)."""
     record = RunRecord.start(
         to_dict(cfg), method=method_label(cfg), dataset=cfg.dataset.name, seed=cfg.train.seed
     )
     record.data.update(entrant=method_label(cfg), process=os.getpid())
+    if data is not None:
+        record.data["rows"] = {"train": len(data.y_train), "test": len(data.y_test),
+                               "unlabeled": 0 if data.x_unlabeled is None else len(data.x_unlabeled)}
     return record
 
 
@@ -222,7 +226,7 @@ def train_run(cfg: Config, data, run_dir: Path, *, resume: bool = False,
             write_config(run_dir, cfg)
         log(f"resuming {run_dir} after epoch {trainer.epoch}")
     else:  # a new run, or one stopped before its first checkpoint: from the start
-        record = start_record(cfg)
+        record = start_record(cfg, data)
         write_config(run_dir, cfg)
     life = RunLife(trainer, record, run_dir, on_completed, log)
     life.write()
