@@ -281,11 +281,11 @@ def test_the_readme_is_short_and_keeps_its_two_commands():
 def test_the_readmes_verdict_is_the_one_the_main_job_generated():
     """One source: the main job's verdict is generated into a snippet (`benchmarks/verdict_snippet.py`)
     that the docs include; the README, which GitHub shows without includes, holds a copy equal to it."""
-    snippet = (ROOT / "docs" / "snippets" / "main-job-verdict.md").read_text(encoding="utf-8").rstrip("\n")
+    snippet = (ROOT / "docs" / "snippets" / "main-job-verdict.md").read_text(encoding="utf-8").rstrip()
     text = README.read_text(encoding="utf-8")
     copy = text.split("<!-- verdict: begin -->\n", 1)[1].split("\n<!-- verdict: end -->", 1)[0]
     assert copy == snippet
-    assert snippet.splitlines()[-1].startswith("Plainly: ")  # the verdict's own answer, not a hand-written one
+    assert snippet.splitlines()[-1].startswith("Plainly: ")  # the verdict's own answer, not hand-written
     for page in ("getting-started.md", "results.md"):
         assert '--8<-- "docs/snippets/main-job-verdict.md"' in (ROOT / "docs" / page).read_text(encoding="utf-8")
 
