@@ -286,8 +286,9 @@ def test_the_readmes_verdict_is_the_one_the_main_job_generated():
     copy = text.split("<!-- verdict: begin -->\n", 1)[1].split("\n<!-- verdict: end -->", 1)[0]
     assert copy == snippet
     assert snippet.splitlines()[-1].startswith("Plainly: ")  # the verdict's own answer, not hand-written
+    include = '--8<-- "docs/snippets/main-job-verdict.md"'
     for page in ("getting-started.md", "results.md"):
-        assert '--8<-- "docs/snippets/main-job-verdict.md"' in (ROOT / "docs" / page).read_text(encoding="utf-8")
+        assert include in (ROOT / "docs" / page).read_text(encoding="utf-8")
 
 
 def _text_files():
