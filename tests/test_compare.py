@@ -205,7 +205,8 @@ def test_a_real_compare_gives_its_verdict_and_report(tmp_path):
     again = subprocess.run([sys.executable, "-m", "augtune.cli", "resume", str(exp)], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "has finished" in again.stdout, again.stderr
-    assert loaded.verdict().render("md") in again.stdout and "resuming" not in again.stdout
+    assert loaded.verdict().render("md", plainly=False) in again.stdout and "resuming" not in again.stdout
+    assert f"\n{plainly}\n" in again.stdout
 
 
 @pytest.mark.ray
