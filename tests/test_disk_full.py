@@ -49,6 +49,7 @@ def small_disk(size_kb: int):
             where.rmdir()
 
 
+@pytest.mark.slow  # waits out a real retry (the fast tier: docs/contributing.md)
 def test_train_on_a_full_disk_says_so_in_one_line_and_keeps_what_it_wrote(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(CONFIG))

@@ -253,6 +253,7 @@ def test_patiently_does_not_retry_what_is_not_the_store_being_away():
     assert calls == [1]
 
 
+@pytest.mark.slow  # waits out a real retry (the fast tier: docs/contributing.md)
 def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path, monkeypatch, capsys):
     """moto's server stopped, an upload of a trial's folder started, the server back on the same port 20 s
     later (pyarrow's own retries give up on a refused connection after about 6 s): the upload lands,
