@@ -291,6 +291,17 @@ def test_the_readmes_verdict_is_the_one_the_main_job_generated():
         assert include in (ROOT / "docs" / page).read_text(encoding="utf-8")
 
 
+def test_the_cluster_images_tag_is_the_packages_version():
+    """The KubeRay manifest, the Dockerfile and the cluster guide build and run the image of this version."""
+    from augtune import __version__
+
+    tags = set()
+    for path in (ROOT / "docs" / "guides" / "cluster.md", ROOT / "examples" / "cluster" / "rayjob.yaml",
+                 ROOT / "examples" / "cluster" / "Dockerfile"):
+        tags |= set(re.findall(r"augtune:(\d+\.\d+\.\d+)", path.read_text(encoding="utf-8")))
+    assert tags == {__version__}
+
+
 def _text_files():
     skip = {".git", "site", "augtune.egg-info", "__pycache__", "results", "runs"}
     for path in ROOT.rglob("*"):

@@ -501,3 +501,14 @@ def test_plainly_marks_a_semi_supervised_entrant_untuned_defaults_and_the_unrank
     assert "simclr+cocor reads labels while training (semi-supervised)" in text
     flagged = [r for r in v.rows if r.flag]
     assert flagged and all(f"{r.entrant} is not ranked ({r.flag})" in text for r in flagged)
+
+
+def test_a_verdict_shows_its_answer_in_a_notebook_not_a_dump():
+    recs = with_references(runs({"good": [0.95, 0.96, 0.955], "meh": [0.80, 0.82, 0.79]}), raw=0.9,
+                           untrained={1: 0.80, 2: 0.81, 3: 0.80})
+    v = verdict(recs, ("knn_acc",))
+    assert len(repr(v)) < 500 and v.plainly() in repr(v)
+    md = v._repr_markdown_()
+    assert md.startswith(v.plainly()) and "| entrant | knn_acc |" in md and "Table:" not in md
+    page = v._repr_html_()
+    assert page.startswith("<p><b>Plainly: good is best") and page.count("<tr>") == len(v.table())

@@ -179,6 +179,25 @@ class Verdict:
                 + (". No accuracy is claimed here: this data has no labels." if only and self.unlabelled
                    else "."))
 
+    def __repr__(self) -> str:  # the dataclass's would dump every cell and seed (13,000 characters)
+        return f"<Verdict over {', '.join(self.metrics)} of {len(self.rows)} entrants: {self.plainly()}>"
+
+    def _repr_markdown_(self) -> str:
+        """A notebook shows the answer first, then the table and its sentences (no caption)."""
+        return self.plainly() + "\n\n" + self.render("md", caption=False, plainly=False)
+
+    def _repr_html_(self) -> str:
+        import html as _html
+
+        def cells(row: list[str], tag: str) -> str:
+            return "".join(f"<{tag}>{_html.escape(c)}</{tag}>" for c in row)
+
+        rows = self.table()
+        table = (f"<table><thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>"
+                 + "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:]) + "</tbody></table>")
+        return (f"<p><b>{_html.escape(self.plainly())}</b></p>{table}"
+                + "".join(f"<p>{_html.escape(t)}</p>" for t in self.sentences()))
+
     def plainly(self) -> str:
         """The answer in plain words, written from the decisions (what a reader takes away; the
         sentences above it say the same with their numbers): who leads the first metric and whether the
