@@ -66,6 +66,17 @@ def test_the_built_config_reference_shows_every_key(site):
     assert not missing, f"config keys missing from the built config reference: {missing}"
 
 
+def test_the_built_api_reference_shows_the_public_surface_only(site):
+    html = (site / "api" / "index.html").read_text(encoding="utf-8")
+    import augtune
+
+    for name in [*(n for n in augtune.__all__ if n != "__version__"), "Best", "Verdict", "Row", "Cell",
+                 "plainly", "ConfigError", "DataError", "SearchInterrupted", "SearchFailed"]:
+        assert f'id="augtune.' in html and name in html, name
+    for internal in ("run_job", "write_json_atomic", "json_depth", "log_file", "time_budget_of"):
+        assert internal not in html, internal
+
+
 def test_the_built_commands_reference_shows_every_command(site):
     html = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     commands = ("train", "search", "compare", "resume", "status", "export", "importance", "plot", "methods")
