@@ -72,9 +72,19 @@ def test_the_built_api_reference_shows_the_public_surface_only(site):
 
     for name in [*(n for n in augtune.__all__ if n != "__version__"), "Best", "Verdict", "Row", "Cell",
                  "plainly", "ConfigError", "DataError", "SearchInterrupted", "SearchFailed"]:
-        assert f'id="augtune.' in html and name in html, name
+        assert 'id="augtune.' in html and name in html, name
     for internal in ("run_job", "write_json_atomic", "json_depth", "log_file", "time_budget_of"):
         assert internal not in html, internal
+
+
+def test_the_quickstart_page_renders_the_notebook(site):
+    """Built without running it (the suite's build starts no Ray): its code, and how to see its outputs;
+    tests/test_notebook.py renders the executed notebook and finds the verdict in it."""
+    import html as html_lib
+
+    page = (site / "quickstart" / "index.html").read_text(encoding="utf-8")
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "", page))
+    assert "augtune.compare(cfg" in text and "exp.best()" in text and "AUGTUNE_DOCS_EXECUTE=1" in text
 
 
 def test_the_built_commands_reference_shows_every_command(site):

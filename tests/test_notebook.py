@@ -31,3 +31,15 @@ def test_the_quickstart_notebook_runs(tmp_path):
     assert "knn_acc:" in text  # the verdict printed
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert list((tmp_path / "results").glob("compare-digits-*/repeat/*/record.json"))
+    # the site's Quickstart page, rendered from the executed notebook (docs/hooks/notebook.py)
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("notebook_hook", NOTEBOOK.parents[1] / "docs" / "hooks"
+                                                  / "notebook.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.render(json.loads(nbformat.writes(nb)))
+    assert "knn_acc:" in page and "Plainly: " in page  # the verdict and its answer, in the outputs
+    assert '<img alt="figure" src="data:image/png;base64,' in page
+    assert "best = exp.best()" in page and "exp.trials()" in page and page.count("nb-output") >= 2
