@@ -574,7 +574,7 @@ def train(cfg: ConfigLike, out: Union[str, Path, None] = None, resume: bool = Fa
     from augtune.data import load_dataset
     from augtune.plots import end_of_run_figures
     from augtune.trainables import train_run
-    from augtune.trainables.run import check_new_run_folder, check_resume
+    from augtune.trainables.run import check_new_run_folder, check_resume, final_table
 
     cfg = config_from(cfg)
     out = Path(out) if out is not None else \
@@ -585,6 +585,9 @@ def train(cfg: ConfigLike, out: Union[str, Path, None] = None, resume: bool = Fa
         check_new_run_folder(out)
     record = train_run(cfg, load_dataset(cfg.dataset), out, resume=resume, log=lambda s: print(s, flush=True),
                        on_completed=end_of_run_figures)
+    table = final_table(record)
+    if table:  # as `augtune train` ends
+        print(table, flush=True)
     return Run(out, record)
 
 

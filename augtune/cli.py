@@ -146,20 +146,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except OSError as e:
         return _environment_error(e, f"while writing {e.filename or out}", resume_hint)
-    _print_final(record)
+    from augtune.trainables.run import final_table
+
+    if final_table(record):
+        print(final_table(record))
     print(f"record: {out / RECORD_FILE}")
     return 0
-
-
-def _print_final(record: dict) -> None:
-    """The final metrics beside the reference rows (`raw`, `random-init`)."""
-    final, refs = record["final"], record["references"]
-    if not final:
-        return
-    width = max(len(k) for k in final)
-    print(f"{'metric':<{width}}  {'trained':>8}" + "".join(f"  {r:>11}" for r in refs))
-    for k, v in final.items():
-        print(f"{k:<{width}}  {v:>8.4f}" + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
 
 
 def _final_table(exp_dir: str, cfg) -> None:

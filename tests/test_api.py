@@ -64,7 +64,7 @@ def test_a_search_folder_is_no_compare(tmp_path):
         exp.verdict()
 
 
-def test_train_runs_in_this_process_and_returns_its_record(tmp_path):
+def test_train_runs_in_this_process_and_returns_its_record(tmp_path, capsys):
     from conftest import TINY_MLP
 
     run = augtune.train({"dataset": {"name": "digits", "as_vectors": True, "max_train": 256,
@@ -73,7 +73,9 @@ def test_train_runs_in_this_process_and_returns_its_record(tmp_path):
                          "eval": {"metrics": ["knn"], "references": False}}, out=tmp_path / "run")
     assert run.record["status"] == "completed" and 0.0 <= run.final["knn_acc"] <= 1.0
     assert (tmp_path / "run" / "record.json").is_file()
-    from augtune.trainables.run import RunFolderError
+    from augtune.trainables.run import RunFolderError, final_table
+
+    assert capsys.readouterr().out.rstrip().endswith(final_table(run.record))  # it ends as `augtune train`
 
     with pytest.raises(RunFolderError):  # the folder holds a run now: refused, not overwritten
         augtune.train({"dataset": {"name": "digits"}}, out=tmp_path / "run")

@@ -143,9 +143,12 @@ def _curves_figure(repeat: list[dict], metric: str) -> str:
     groups: dict[str, list[dict]] = {}
     for r in repeat:
         groups.setdefault(r.get("entrant") or r["method"], []).append(r)
+    percent = metric.endswith(("_acc", "_nmi", "_ari"))  # in %, as the table is
+    scale = {"loss": 1.0, metric: 100.0 if percent else 1.0}
     for name, runs in sorted(groups.items()):
         for ax, key in zip(axes, ("loss", metric)):
-            curves = [[e.get(key, np.nan) for e in r.get("epochs", [])] for r in runs]
+            curves = [[scale[key] * v if isinstance(v := e.get(key), (int, float)) else np.nan
+                       for e in r.get("epochs", [])] for r in runs]
             n = min(len(c) for c in curves) if curves else 0
             if n == 0:
                 continue
@@ -158,7 +161,7 @@ def _curves_figure(repeat: list[dict], metric: str) -> str:
     for ax, key in zip(axes, ("loss", metric)):
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(key)
+        ax.set_ylabel(f"{key} (%)" if key == metric and percent else key)
     axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     return _png(fig)
 

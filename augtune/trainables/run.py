@@ -36,6 +36,20 @@ def progress_line(metrics: dict, epochs: int) -> str:
     return "  ".join(parts)
 
 
+def final_table(record: dict) -> str:
+    """The final metrics beside the reference rows (`raw`, `random-init`): what a run ends by printing
+    (`augtune train`, `augtune.train`); "" when it has none."""
+    final, refs = record.get("final") or {}, record.get("references") or {}
+    if not final:
+        return ""
+    width = max(len(k) for k in final)
+    lines = [f"{'metric':<{width}}  {'trained':>8}" + "".join(f"  {r:>11}" for r in refs)]
+    for k, v in final.items():
+        lines.append(f"{k:<{width}}  {v:>8.4f}"
+                     + "".join(f"  {refs[r].get(k, float('nan')):>11.4f}" for r in refs))
+    return "\n".join(lines)
+
+
 def start_record(cfg: Config, data=None) -> RunRecord:
     """A new record for a run of `cfg` (status `running`): the same keys whichever runner runs it; a search
     adds what it knows of the trial (`params`, `phase`). With its `data`, the rows it trained and was
