@@ -189,14 +189,14 @@ def check_against_data(cfg: Config, data: Any) -> None:
     n = len(data.y_train)
     e = cfg.eval
     if n == 0:  # data without labels: only the label-free scores
-        from augtune.eval import NEEDS_NO_LABELS
+        from augtune.records import LABEL_FREE
 
         for section in ("metrics", "epoch_metrics"):
-            needs = [m for m in getattr(e, section) if m not in NEEDS_NO_LABELS]
+            needs = [m for m in getattr(e, section) if m not in LABEL_FREE]
             if needs:
                 raise ConfigError(f"eval.{section}: {needs[0]} needs labels and this data has none "
                                   f"({len(data.x_unlabeled)} unlabelled rows); score it by "
-                                  f"{', '.join(sorted(NEEDS_NO_LABELS))}")
+                                  f"{', '.join(sorted(LABEL_FREE))}")
         if "cocor" in cfg.method.augment and cfg.cocor.mmnn:
             raise ConfigError("cocor.mmnn: MMNN learns its targets from labelled rows and this data has "
                               "none: set cocor.mmnn: false (one constant target per length)")

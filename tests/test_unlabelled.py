@@ -142,7 +142,9 @@ def test_an_image_folders_unlabeled_folder_trains_and_is_no_class(tmp_path):
     other = _image_tree(tmp_path / "other", folder="extra")
     d = load_dataset(DatasetConfig(name="imagefolder", path=str(other), image_size=8, unlabeled_dir="extra",
                                    shared=False))
-    assert d.classes == ("a", "b", "extra") or len(d.x_unlabeled) == 7  # extra/ is a class unless named
+    assert d.classes == ("a", "b") and len(d.x_unlabeled) == 7  # the folder named is no class
+    d = load_dataset(DatasetConfig(name="imagefolder", path=str(other), image_size=8, shared=False))
+    assert d.classes == ("a", "b", "extra") and d.x_unlabeled is None  # not named: a class like any other
     with pytest.raises(ConfigError, match="dataset.unlabeled_dir: is for imagefolder"):
         augtune.config_from({"dataset": {"name": "digits", "unlabeled_dir": "u"}})
 

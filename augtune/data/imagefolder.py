@@ -173,9 +173,13 @@ def _images_under(folder: Path) -> list[Path]:
 UNLABELED = "unlabeled"  # the folder beside the class folders whose images have no label (not a class)
 
 
-def _class_folders(folder: Path) -> list[Path]:
+def _class_folders(folder: Path, unlabeled: Path | None = None) -> list[Path]:
+    """The class folders of a split: its sub-folders, less hidden ones, `unlabeled/` and the folder of
+    unlabelled images (`dataset.unlabeled_dir`, when it sits among them)."""
+    skip = unlabeled.resolve() if unlabeled is not None else None
     return sorted(p for p in folder.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and p.name != UNLABELED)
+                  if p.is_dir() and not p.name.startswith(".") and p.name != UNLABELED
+                  and (skip is None or p.resolve() != skip))
 
 
 def unlabeled_folder(cfg: DatasetConfig) -> Path | None:
@@ -191,9 +195,8 @@ def unlabeled_folder(cfg: DatasetConfig) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def unlabeled_files(cfg: DatasetConfig) -> list[Path]:
-    """The images of the unlabelled folder, at any depth, sorted (none: [])."""
-    folder = unlabeled_folder(cfg)
+def unlabeled_files(folder: Path | None) -> list[Path]:
+    """The images of the unlabelled `folder` (`unlabeled_folder`), at any depth, sorted (none: [])."""
     if folder is None:
         return []
     found = _images_under(folder)
@@ -211,9 +214,10 @@ def _split_dirs(root: Path) -> tuple[Path, Path | None]:
     return root / "train", test
 
 
-def _list_classes(folder: Path, classes: Sequence[str] | None) -> tuple[list[Path], list[int], list[str]]:
+def _list_classes(folder: Path, classes: Sequence[str] | None, unlabeled: Path | None = None
+                  ) -> tuple[list[Path], list[int], list[str]]:
     """Files and labels of a class-per-folder split; `classes` None: this split defines them."""
-    dirs = _class_folders(folder)
+    dirs = _class_folders(folder, unlabeled)
     if classes is None:
         classes = [d.name for d in dirs]
     index = {c: i for i, c in enumerate(classes)}
@@ -251,13 +255,14 @@ def _list_annotated(folder: Path, classes: Sequence[str]) -> tuple[list[Path], l
     return files, labels
 
 
-def list_tree(root: Path, unlabeled: bool = False
+def list_tree(root: Path, unlabeled: Path | None = None
               ) -> tuple[list[Path], list[int], list[Path] | None, list[int] | None, list[str]]:
     """(train files, labels, test files or None, labels or None, class names) of an image tree;
-    `unlabeled`: it has unlabelled images, so no class folder at all is a data set without labels."""
+    `unlabeled`: its folder of unlabelled images (no class; with it, no class folder at all is a data set
+    without labels)."""
     train_dir, test_dir = _split_dirs(root)
-    files, labels, classes = _list_classes(train_dir, None)
-    if not files and unlabeled and test_dir is None:
+    files, labels, classes = _list_classes(train_dir, None, unlabeled)
+    if not files and unlabeled is not None and test_dir is None:
         return [], [], [], [], []
     if not files:
         raise DataError(f"{train_dir}: no class folders of images (expected <class>/<image>.jpg|png ...)")
@@ -269,7 +274,7 @@ def list_tree(root: Path, unlabeled: bool = False
     if (test_dir / "val_annotations.txt").is_file() and not _class_folders(test_dir)[1:]:
         test_files, test_labels = _list_annotated(test_dir, classes)
     else:
-        test_files, test_labels, _ = _list_classes(test_dir, classes)
+        test_files, test_labels, _ = _list_classes(test_dir, classes, unlabeled)
     if not test_files:
         raise DataError(f"{test_dir}: no images (expected <class>/<image>.jpg|png ... as in {train_dir})")
     return files, labels, test_files, test_labels, classes
@@ -278,8 +283,9 @@ def list_tree(root: Path, unlabeled: bool = False
 def tree_files(cfg: DatasetConfig) -> list[Path] | None:
     """Every file the split is read from (what a shared copy's key is computed over)."""
     root = _root(cfg)
-    unlabeled = unlabeled_files(cfg)
-    train, _, test, *_ = list_tree(root, bool(unlabeled))
+    folder = unlabeled_folder(cfg)
+    unlabeled = unlabeled_files(folder)
+    train, _, test, *_ = list_tree(root, folder)
     return train + (test or []) + unlabeled + sorted(root.glob("*/val_annotations.txt"))
 
 
@@ -325,8 +331,9 @@ def _stats(
 def load_imagefolder(cfg: DatasetConfig) -> DataSplit:
     """A class-per-folder tree of images at ``dataset.path`` (see the module doc)."""
     root = _root(cfg)
-    unlabeled = unlabeled_files(cfg)
-    files, labels, test_files, test_labels, classes = list_tree(root, bool(unlabeled))
+    folder = unlabeled_folder(cfg)
+    unlabeled = unlabeled_files(folder)
+    files, labels, test_files, test_labels, classes = list_tree(root, folder)
     if test_files is None:
         refuse_lone_labels(np.asarray(labels), tuple(classes), str(root))
         tr, te = stratified_indices(np.asarray(labels), test_size=cfg.test_fraction, seed=cfg.split_seed,

@@ -1,7 +1,7 @@
 """Evaluation of frozen features: k-NN, softmax regression, linear probe, k-means clustering, and the
 label-free scores (RankMe, alignment, uniformity)."""
 from augtune.eval.clustering import cluster_accuracy, kmeans_scores
-from augtune.eval.evaluate import METRICS, NEEDS_NO_LABELS, OUTPUTS, evaluate
+from augtune.eval.evaluate import METRICS, OUTPUTS, evaluate
 from augtune.eval.features import extract_features
 from augtune.eval.knn import knn_accuracy
 from augtune.eval.label_free import LOWER_IS_BETTER, alignment, rankme, uniformity
@@ -15,7 +15,6 @@ from augtune.eval.probes import (
 __all__ = [
     "LOWER_IS_BETTER",
     "METRICS",
-    "NEEDS_NO_LABELS",
     "OUTPUTS",
     "alignment",
     "cluster_accuracy",

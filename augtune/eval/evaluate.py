@@ -11,7 +11,7 @@ from typing import Callable
 from augtune.config import EvalConfig
 from augtune.eval.clustering import cluster_scores, kmeans_scores
 from augtune.eval.knn import knn_accuracy
-from augtune.eval.label_free import LABEL_FREE, label_free_scores
+from augtune.eval.label_free import label_free_scores
 from augtune.eval.probes import linear_probe_accuracy, softmax_regression_accuracy
 
 Metric = Callable[..., dict[str, float]]
@@ -97,8 +97,6 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "uniformity": ("uniformity",),
     "alignment": ("alignment",),
 }
-# the metrics that read no label: all a data set without labels can be scored by
-NEEDS_NO_LABELS = frozenset(LABEL_FREE)
 
 
 def evaluate(train_x, train_y, test_x, test_y, num_classes: int, cfg: EvalConfig, metrics: tuple[str, ...],

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from augtune.records import LABEL_FREE, LOWER_IS_BETTER  # noqa: F401 (names shared with the analysis)
+from augtune.records import LOWER_IS_BETTER  # noqa: F401 (in augtune.records: the analysis needs no torch)
 
 RANKME_EPS = 1e-7  # the paper's epsilon (its official snippet)
 
@@ -62,8 +62,6 @@ def uniformity(z: torch.Tensor, t: float = 2.0) -> float:
         raise ValueError("uniformity: needs at least two samples")
     return float(torch.pdist(z, p=2).pow(2).mul(-t).exp().mean().log())
 
-
-Features = Callable[[torch.Tensor], torch.Tensor]
 
 
 def label_free_scores(names, held: torch.Tensor, *, samples: Optional[int] = None,

@@ -150,7 +150,7 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
 
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
-    from augtune.eval import LOWER_IS_BETTER
+    from augtune.records import LOWER_IS_BETTER  # no torch: a plan is checked before anything heavy
 
     lower = [m for m in cfg.compare.metrics if m in LOWER_IS_BETTER]
     if lower:
@@ -200,9 +200,9 @@ def label_free(cfg: Config) -> Config:
     """A compare of data without labels: its columns are the label-free ones it names, else `rankme`
     (it selects and races on the first); every run evaluates those only (RankMe, Garrido et al. 2023:
     choosing by it lost little against a labelled probe on ImageNet; benchmarks/label_free.py)."""
-    from augtune.eval import NEEDS_NO_LABELS
+    from augtune.records import LABEL_FREE
 
-    metrics = tuple(m for m in cfg.compare.metrics if m in NEEDS_NO_LABELS) or ("rankme",)
+    metrics = tuple(m for m in cfg.compare.metrics if m in LABEL_FREE) or ("rankme",)
     # CoCor's MMNN reads labels: with none, its constant targets (App. F), in every trial
     hold = tuple(dict.fromkeys([*cfg.search.hold, "cocor.mmnn"]))
     return replace(cfg, compare=replace(cfg.compare, metrics=metrics),

@@ -87,7 +87,7 @@ def trial_base(cfg: Config, storage: str) -> dict:
 
 
 def check_metric(cfg: Config) -> None:
-    from augtune.eval import LOWER_IS_BETTER
+    from augtune.records import LOWER_IS_BETTER
 
     reported = reported_metrics(cfg)
     if cfg.search.metric not in reported:

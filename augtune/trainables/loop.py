@@ -21,12 +21,12 @@ from torch import nn
 from augtune.config import SCHEDULES, Config, parse_duration, replace_values, to_dict, value_of, values_at
 from augtune.data.batches import batches, on_device, sequential
 from augtune.data.views import build_view
-from augtune.eval import NEEDS_NO_LABELS, evaluate, extract_features
+from augtune.eval import evaluate, extract_features
 from augtune.methods import Batch, OptimizerSpec, StepInfo, build_method
 from augtune.methods.base import Update
 from augtune.methods.losses import allreduce_gradients
 from augtune.phases import parse_phases, phase_names
-from augtune.records import VAL_PREFIX
+from augtune.records import LABEL_FREE, VAL_PREFIX
 
 
 class NonFiniteLoss(RuntimeError):
@@ -417,7 +417,7 @@ class Trainer:
                 held.append((VAL_PREFIX, d.x_unlabeled, None))
         i_tr = self._monitor_index(len(x_tr), "train") if monitor else None  # rows evaluated (None: all)
         y_tr = y_tr if i_tr is None else y_tr[i_tr]
-        label_free = len(y_tr) == 0 or all(m in NEEDS_NO_LABELS for m in metrics)
+        label_free = len(y_tr) == 0 or all(m in LABEL_FREE for m in metrics)
         was_training = self.method.training
         self.method.eval()
         try:
