@@ -301,13 +301,14 @@ class Experiment:
         return _best(runs, metric, keys, local=not is_uri(self.path)), v
 
     def _goal(self, folder: Path) -> tuple[str, str]:
-        """The metric the experiment searched and its mode (a compare's first metric, maximised)."""
+        """The metric the experiment searched and its mode (a compare's first metric: maximised, or
+        minimised where lower is better)."""
         from augtune.analysis.compare import compare_settings, is_compare
-        from augtune.records import read_search_file
+        from augtune.records import LOWER_IS_BETTER, read_search_file
 
         if is_compare(folder):
-            return (tuple(compare_settings(folder).get("compare", {}).get("metrics") or ("knn_acc",))[0],
-                    "max")
+            first = tuple(compare_settings(folder).get("compare", {}).get("metrics") or ("knn_acc",))[0]
+            return first, "min" if first in LOWER_IS_BETTER else "max"
         search = read_search_file(folder)["config"]["search"]
         return search["metric"], search["mode"]
 
@@ -501,7 +502,6 @@ def _best(runs: list, metric: str, searched: set, local: bool) -> Best:
                 tuple(Run(p.parent, r) for p, r in runs) if local else ())
 
 
-_FRACTION = ("_acc", "_nmi", "_ari")  # scores between 0 and 1, shown in %
 
 
 def _shown(metric: str, value: Any) -> str:
@@ -511,11 +511,15 @@ def _shown(metric: str, value: Any) -> str:
         return str(value)
     if not math.isfinite(value):
         return "–"
-    return f"{100 * value:.2f}" if metric.endswith(_FRACTION) else f"{value:.4g}"
+    from augtune.records import FRACTION_SUFFIXES
+
+    return f"{100 * value:.2f}" if metric.endswith(FRACTION_SUFFIXES) else f"{value:.4g}"
 
 
 def _unit(metric: str) -> str:
-    return " %" if metric.endswith(_FRACTION) else ""
+    from augtune.records import FRACTION_SUFFIXES
+
+    return " %" if metric.endswith(FRACTION_SUFFIXES) else ""
 
 
 def _score(best: Best) -> str:

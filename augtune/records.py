@@ -37,6 +37,7 @@ VAL_PREFIX = "val_"
 # the metrics that read no label (augtune.eval.label_free), and those of them where lower is better
 LABEL_FREE = frozenset({"rankme", "alignment", "uniformity"})
 LOWER_IS_BETTER = frozenset({"alignment", "uniformity"})
+FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # metrics in [0, 1], shown in % (points)
 # in a Tune trial's parameters: which of several searches sharing one Tune run it belongs to (a compare's
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"

@@ -216,11 +216,73 @@ def test_a_lower_is_better_score_is_refused_where_the_highest_would_win():
     with pytest.raises(ConfigError, match="search.mode: max would choose the worst uniformity"):
         check_metric(cfg)
     check_metric(augtune.config_from(cfg, {"search.mode": "min"}))
+
+
+@pytest.mark.parametrize("first", ["alignment", "uniformity"])
+def test_a_compare_that_selects_on_a_lower_is_better_score_minimises_it_everywhere(first):
+    """Each entrant's search, the race and the importances minimise alignment or uniformity."""
+    from augtune.analysis.race import race_settings
     from augtune.search.compare import plan_compare
 
-    bad = augtune.config_from({"compare.metrics": ["knn_acc", "alignment"]})
-    with pytest.raises(ConfigError, match="compare.metrics: alignment is lower-is-better"):
-        plan_compare(bad, "vector", storage="/tmp", name="x")
+    cfg = augtune.config_from({"compare.metrics": [first, "knn_acc"], "compare.methods": ["base", "pinda"],
+                               "compare.race": {"enabled": True}, "eval.metrics": ["knn", first]})
+    plan = plan_compare(cfg, "vector", storage="/tmp/x", name="x")
+    assert [p.cfg.search.mode for p in plan.plans] == ["min", "min"]
+    assert {p.cfg.search.metric for p in plan.plans} == {first}
+    assert race_settings({"metrics": [first], "race": {"enabled": True}}, 0).mode == "min"
+    assert race_settings({"metrics": ["knn_acc"], "race": {"enabled": True}}, 0).mode == "max"
+    # a label-first compare keeps maximising its accuracy
+    plan = plan_compare(augtune.config_from(cfg, {"compare.metrics": ["knn_acc", first]}), "vector",
+                        storage="/tmp/x", name="x")
+    assert [p.cfg.search.mode for p in plan.plans] == ["max", "max"]
+
+
+def _free_runs(metric, means, untrained, raw, spread=0.01):
+    """Repeat records of entrants with `means` of a label-free `metric` over three paired seeds."""
+    return [{"status": "completed", "entrant": e, "method": e, "seed": s,
+             "final": {metric: v + spread * (s - 2) * (1 if k % 2 else -1)},
+             "references": {"random-init": {metric: untrained}, "raw": {metric: raw}},
+             "rows": {"train": 0, "test": 0, "unlabeled": 500},
+             "config": {"train": {"seed": s}, "dataset": {"evaluate_on": "test"}}, "phase": "repeat"}
+            for k, (e, v) in enumerate(means.items()) for s in (1, 2, 3)]
+
+
+def test_the_verdict_ranks_a_lower_is_better_column_by_its_lowest_mean():
+    from augtune.analysis.verdict import verdict
+
+    repeat = _free_runs("alignment", {"simclr": 0.60, "simclr+pinda": 0.40}, untrained=0.90, raw=1.50)
+    v = verdict(repeat, ("alignment",))
+    d = v.decisions["alignment"]
+    assert d.leader == "simclr+pinda" and d.winner == "simclr+pinda" and d.worse == ["simclr"]
+    assert v.best("alignment").entrant == "simclr+pinda"
+    # below the untrained encoder and the raw input is better: both beat them, tested one-sided below
+    assert d.beats_untrained == {"simclr": True, "simclr+pinda": True}
+    assert d.beats_raw == {"simclr": True, "simclr+pinda": True}
+    text = v.render("md")
+    assert "simclr+pinda is best on alignment" in text and "simclr is significantly above it" in text
+    assert "**0.400 ± 0.010 (3)**" in text and "(the lowest for alignment)" in v.caption()
+    assert "lower meaning views closer together" in text and "rankme" not in text
+    # the same numbers as a higher-is-better column would crown the other entrant: the sign decides
+    flipped = verdict(_free_runs("rankme", {"simclr": 0.60, "simclr+pinda": 0.40}, 0.90, 1.50), ("rankme",))
+    assert flipped.decisions["rankme"].leader == "simclr"
+
+
+def test_an_entrant_above_the_untrained_uniformity_does_not_beat_it():
+    from augtune.analysis.verdict import verdict
+
+    repeat = _free_runs("uniformity", {"simclr": -2.0, "simclr+pinda": -3.0}, untrained=-2.5, raw=-1.0)
+    v = verdict(repeat, ("uniformity",))
+    d = v.decisions["uniformity"]
+    assert d.leader == "simclr+pinda" and d.beats_untrained == {"simclr": False, "simclr+pinda": True}
+    assert d.winner == "simclr+pinda"
+    assert v.row("simclr+pinda").cells["uniformity"].note == "best"
+    tied = verdict(_free_runs("uniformity", {"a": -2.0, "b": -2.001}, -3.0, -1.0, spread=0.2),
+                   ("uniformity",))
+    td = tied.decisions["uniformity"]
+    assert td.leader == "b" and not td.separated and td.winner is None
+    assert tied.row("b").cells["uniformity"].note == "lowest mean"
+    assert "lowest mean: b" in tied.render("md") and "b has the lowest uniformity" in tied.plainly()
+    assert td.beats_untrained == {"a": False, "b": False}
 
 
 def test_a_run_on_partly_labelled_data_trains_on_every_row_and_scores_the_labelled(tmp_path):

@@ -65,7 +65,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from augtune.analysis import stats
-from augtune.records import VAL_PREFIX
+from augtune.records import FRACTION_SUFFIXES, LOWER_IS_BETTER, VAL_PREFIX
 
 FORMAT = "augtune.race/1"
 RACE_FILE = "race.json"  # in a compare experiment's folder: the latest snapshot of its race
@@ -123,12 +123,13 @@ def race_settings(compare: Mapping, train_seed: int, metric: Optional[str] = Non
     race = compare.get("race")
     if not race or not race.get("enabled", True):  # `compare.race.enabled: false`: a fixed repeat
         return None
-    metric = VAL_PREFIX + (metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0])
+    first = metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0]
+    metric = VAL_PREFIX + first
     hi = int(race.get("max_seeds", 10))
     margin = compare.get("margin")
     return RaceSettings(metric, tuple(int(train_seed) + i for i in range(1, hi + 1)),
                         int(race.get("min_seeds", 3)), float(compare.get("alpha", 0.05)),
-                        float(margin) if margin else None, str(compare.get("mode", "max")))
+                        float(margin) if margin else None, "min" if first in LOWER_IS_BETTER else "max")
 
 
 @dataclass
@@ -388,4 +389,4 @@ def describe_stop(state: RaceState) -> str:
 def _pts(metric: str, v: Optional[float]) -> str:
     if v is None:
         return "–"
-    return f"{100 * v:.2g} points" if metric.endswith(("_acc", "_nmi", "_ari")) else f"{v:.3g}"
+    return f"{100 * v:.2g} points" if metric.endswith(FRACTION_SUFFIXES) else f"{v:.3g}"

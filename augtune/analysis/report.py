@@ -22,7 +22,7 @@ import numpy as np
 from augtune.analysis.race import RaceState
 from augtune.analysis.verdict import Verdict
 from augtune.config import SCHEDULES
-from augtune.records import COMPARE_REPEAT, RECORD_FILE, REPORT_FILE, write_atomic
+from augtune.records import COMPARE_REPEAT, FRACTION_SUFFIXES, RECORD_FILE, REPORT_FILE, write_atomic
 
 
 def _png(fig) -> str:
@@ -42,15 +42,16 @@ def _img(src: str, alt: str) -> str:
 def _cost_figure(v: Verdict, metric: str) -> str:
     import matplotlib.pyplot as plt
 
+    scale = 100 if metric.endswith(FRACTION_SUFFIXES) else 1  # in %, as the table; rankme is not
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for r in v.rows:
         c = r.cells.get(metric)
         if c is None or not math.isfinite(c.mean) or not math.isfinite(r.epoch_time):
             continue
-        ax.errorbar(r.epoch_time, 100 * c.mean, yerr=100 * c.std, fmt="o", capsize=3,
+        ax.errorbar(r.epoch_time, scale * c.mean, yerr=scale * c.std, fmt="o", capsize=3,
                     label=r.entrant)
     ax.set_xlabel("seconds per epoch")
-    ax.set_ylabel(f"{metric} (%)")
+    ax.set_ylabel(f"{metric} (%)" if scale == 100 else metric)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     return _png(fig)
 
@@ -65,7 +66,7 @@ def _seeds_figure(v: Verdict) -> str:
     metrics = list(v.metrics[:3])
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.9), squeeze=False)
     for ax, m in zip(axes[0], metrics):
-        scale = 100 if m.endswith(("_acc", "_nmi", "_ari")) else 1
+        scale = 100 if m.endswith(FRACTION_SUFFIXES) else 1
         columns = [(r.entrant + (f"\n(out: round {r.out_round})" if r.out_round else ""),
                     r.cells[m], r.cells[m].bold, f"C{i % 10}") for i, r in enumerate(v.rows)
                    if m in r.cells and r.cells[m].n]
@@ -104,7 +105,7 @@ def _race_figure(race: RaceState) -> str:
     from matplotlib.ticker import MaxNLocator
 
     s = race.settings
-    scale = 100 if s.metric.endswith(("_acc", "_nmi", "_ari")) else 1
+    scale = 100 if s.metric.endswith(FRACTION_SUFFIXES) else 1
     colour = {e: f"C{i % 10}" for i, e in enumerate(sorted({c.entrant for c in race.candidates}))}
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for c in race.candidates:
@@ -143,7 +144,7 @@ def _curves_figure(repeat: list[dict], metric: str) -> str:
     groups: dict[str, list[dict]] = {}
     for r in repeat:
         groups.setdefault(r.get("entrant") or r["method"], []).append(r)
-    percent = metric.endswith(("_acc", "_nmi", "_ari"))  # in %, as the table is
+    percent = metric.endswith(FRACTION_SUFFIXES)  # in %, as the table is
     scale = {"loss": 1.0, metric: 100.0 if percent else 1.0}
     for name, runs in sorted(groups.items()):
         for ax, key in zip(axes, ("loss", metric)):
@@ -296,7 +297,8 @@ def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: li
              "<h2>Which hyperparameters mattered</h2>",
              "<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in importances.values())
              + "</ul>",
-             "<h2>Accuracy against cost</h2>",
+             f"<h2>{'Accuracy' if metric.endswith(FRACTION_SUFFIXES) else metric.capitalize()} "
+             "against cost</h2>",
              _img(_cost_figure(verdict, metric), f"{metric} against epoch time"),
              "<h2>Learning curves</h2>",
              _img(_curves_figure(repeat, metric), "loss and metric per epoch"),

@@ -47,10 +47,11 @@ from augtune.analysis.frame import (REFERENCES, AnalysisError, MixedDatasetsErro
                                     UnknownColumnError, UnknownMetricError, is_config_column,
                                     metric_columns, reference_key_columns)
 from augtune.config import format_value, key_applies, run_signature
+from augtune.records import FRACTION_SUFFIXES, LOWER_IS_BETTER
 
-FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # in [0, 1]; printed as percentages
 # mode="auto": higher is better, except these (None: no "best" to mark, e.g. a cluster count).
-AUTO_MODES: dict[str, str | None] = {"loss": "min", "epoch_time_s": "min", "cluster_k": None}
+AUTO_MODES: dict[str, str | None] = {"loss": "min", "epoch_time_s": "min", "cluster_k": None,
+                                     **{m: "min" for m in sorted(LOWER_IS_BETTER)}}
 Mode = Union[str, None, Mapping[str, Union[str, None]]]
 
 

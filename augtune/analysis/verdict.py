@@ -5,8 +5,9 @@ One row per entrant: mean ± std over its repeat seeds (n), per metric; with a r
 row of the entrant's candidate that raced longest (its best configuration still racing, else the
 one eliminated last).
 
-Per metric, the entrant with the highest mean (the leader) is named best only when the tests
-separate it from every other ranked entrant and it beats the untrained encoder:
+Per metric, the entrant with the highest mean (the leader; the lowest for alignment and uniformity,
+`LOWER_IS_BETTER`) is named best only when the tests separate it from every other ranked entrant and
+it beats the untrained encoder:
 - the race's metric, when there was a race, is decided by the race: separated when the race ended
   with only this entrant's candidates left; its tests ran at the race's per-look level, which keeps
   the chance of a false winner at alpha over all the looks (`stats.sequential_level`);
@@ -48,7 +49,7 @@ from augtune.analysis import stats
 from augtune.analysis.race import RaceState, candidate_of
 from augtune.analysis.stats import holm  # the verdict's own since before stats.py
 from augtune.config import method_of
-from augtune.records import LABEL_FREE, VAL_PREFIX
+from augtune.records import FRACTION_SUFFIXES, LABEL_FREE, LOWER_IS_BETTER, VAL_PREFIX
 
 # (diagnostic key in a record's final metrics, predicate on its value that means "did not train",
 # reason)
@@ -142,10 +143,11 @@ class Verdict:
     equal: str = ""  # under `compare.equal: compute`: the epochs each entrant trained for the same compute
 
     def best(self, metric: str) -> Optional[Row]:
-        """The ranked row with the highest mean (named best only when `winner` says so)."""
+        """The ranked row with the best mean, the highest (the lowest for a lower-is-better metric,
+        `LOWER_IS_BETTER`); named best only when `winner` says so."""
         ok = [r for r in self.rows
               if not r.flag and metric in r.cells and math.isfinite(r.cells[metric].mean)]
-        return max(ok, key=lambda r: r.cells[metric].mean) if ok else None
+        return max(ok, key=lambda r: _sign(metric) * r.cells[metric].mean) if ok else None
 
     def winner(self, metric: str) -> Optional[Row]:
         d = self.decisions.get(metric)
@@ -164,20 +166,30 @@ class Verdict:
             if t]
 
     def _label_free(self) -> str:
-        """What a label-free column can and cannot claim: which entrant scores highest, not which is
+        """What a label-free column can and cannot claim: which entrant scores best, not which is
         more accurate."""
         free = [m for m in self.metrics if m in LABEL_FREE]
         if not free:
             return ""
         only = len(free) == len(self.metrics)
-        return (f"{_names(free)} {'is' if len(free) == 1 else 'are'} label-free: "
-                "the effective rank of the embedding (Garrido et al., 2023), higher meaning a "
-                "less collapsed embedding, not a higher accuracy. Its paper found that choosing "
-                "hyperparameters by it loses little against choosing by a labelled probe on ImageNet; "
-                "what it loses on smaller data is measured in docs/guides/unlabelled.md. An untrained "
-                "encoder's embedding is not collapsed either, so its rankme is no bar a method must beat"
-                + (". No accuracy is claimed here: this data has no labels." if only and self.unlabelled
-                   else "."))
+        what = {"rankme": "rankme is the effective rank of the embedding (Garrido et al., 2023), higher "
+                          "meaning a less collapsed embedding",
+                "alignment": "alignment is the mean squared distance between two views' normalised "
+                             "embeddings (Wang and Isola, 2020), lower meaning views closer together",
+                "uniformity": "uniformity is the log mean Gaussian potential between embeddings (Wang and "
+                              "Isola, 2020), lower meaning embeddings spread more evenly"}
+        one = len(free) == 1
+        text = (f"{_names(free)} {'is' if one else 'are'} label-free: " + "; ".join(what[m] for m in free)
+                + ("; it is not an accuracy. " if one else "; none is an accuracy. "))
+        if "rankme" in free:
+            text += ("RankMe's paper found that choosing hyperparameters by it loses little against "
+                     "choosing by a labelled probe on ImageNet; what it loses on smaller data")
+        else:
+            text += f"What choosing by {'it' if one else 'them'} loses"
+        text += (" is measured in docs/guides/unlabelled.md. An untrained encoder's embedding is not "
+                 "collapsed either, so falling short of it does not say that training failed")
+        return text + (". No accuracy is claimed here: this data has no labels." if only and self.unlabelled
+                       else ".")
 
     def __repr__(self) -> str:  # the dataclass's would dump every cell and seed (13,000 characters)
         return f"<Verdict over {', '.join(self.metrics)} of {len(self.rows)} entrants: {self.plainly()}>"
@@ -215,15 +227,16 @@ class Verdict:
             parts.append(f"{leader} is best on {first}: the tests separate it from every other entrant, "
                          "and it beats the untrained encoder")
         elif d.separated:
-            parts.append(f"{leader} has the highest {first} and is separated from the others, but it is "
-                         "no better than the untrained encoder")
+            parts.append(f"{leader} has the {_most(first)} {first} and is separated from the others, "
+                         "but it is no better than the untrained encoder")
         elif d.contenders:
-            parts.append(f"{leader} has the highest {first}, but {_names(d.contenders)} "
+            parts.append(f"{leader} has the {_most(first)} {first}, but {_names(d.contenders)} "
                          f"{_be(d.contenders)} not separated from it")
         else:
-            parts.append(f"{leader} has the highest {first}")
+            parts.append(f"{leader} has the {_most(first)} {first}")
         if d.worse:
-            parts.append(f"{_names(d.worse)} {_be(d.worse)} significantly below it")
+            parts.append(f"{_names(d.worse)} {_be(d.worse)} significantly "
+                         f"{'above' if _sign(first) < 0 else 'below'} it")
         parts += self._plain_bars()
         parts += [f"{r.entrant} reads labels while training (semi-supervised)" for r in self.rows if r.semi]
         parts += [f"{r.entrant} is not ranked ({r.flag})" for r in self.rows if r.flag]
@@ -231,7 +244,7 @@ class Verdict:
                  if dm.detectable is not None and math.isfinite(dm.detectable)]
         if sizes:
             n = max(k for _, _, k in sizes)
-            if all(m.endswith(_FRACTION) for m, _, _ in sizes):
+            if all(m.endswith(FRACTION_SUFFIXES) for m, _, _ in sizes):
                 lo, hi = min(v for _, v, _ in sizes), max(v for _, v, _ in sizes)
                 span = _pts(sizes[0][0], lo) if lo == hi else f"{100 * lo:.2g}–{_pts(sizes[0][0], hi)}"
             else:
@@ -355,9 +368,9 @@ class Verdict:
         if not d.contenders and not d.worse and not d.untested:
             return f"{self._named(d.leader)} is the only ranked entrant ({stat}){race}"
         if c.n < 2:
-            return (f"no entrant is separated (highest mean: {d.leader}, {stat}; with n = 1 "
+            return (f"no entrant is separated ({_most(d.metric)} mean: {d.leader}, {stat}; with n = 1 "
                     f"nothing can be tested){race}")
-        return f"no entrant is separated (highest mean: {self._named(d.leader)}, {stat}){race}"
+        return f"no entrant is separated ({_most(d.metric)} mean: {self._named(d.leader)}, {stat}){race}"
 
     def _others(self, d: Decision) -> str:
         text = ""
@@ -419,17 +432,21 @@ class Verdict:
         if yes:
             return (f"; {_names(yes)} {'beats' if len(yes) == 1 else 'beat'} the raw input "
                     f"({at}, Holm p < {self.alpha:g})")
+        sign = _sign(d.metric)
         above = [r.entrant for r in self.rows if not r.flag and d.metric in r.cells
-                 and r.cells[d.metric].mean > raw]
+                 and sign * r.cells[d.metric].mean > sign * raw]
         if above:
-            return (f"; {_names(above)} {_be(above)} above the raw input ({at}) but not "
-                    "significantly")
+            return (f"; {_names(above)} {_be(above)} {'below' if sign < 0 else 'above'} the raw input "
+                    f"({at}) but not significantly")
         return f"; nothing beats the raw input ({at})"
 
     def caption(self) -> str:
-        free = [m for m in self.metrics if m in LABEL_FREE]  # rankme: a compare's only label-free column
-        unit = ("in %" if not free else "rankme in dimensions" if len(free) == len(self.metrics)
-                else "in % (rankme in dimensions)")
+        free = [m for m in self.metrics if m in LABEL_FREE]
+        units = {"rankme": "rankme in dimensions", "alignment": "alignment in squared distance",
+                 "uniformity": "uniformity in log potential"}
+        free_units = ", ".join(units[m] for m in free)
+        unit = ("in %" if not free else free_units if len(free) == len(self.metrics)
+                else f"in % ({free_units})")
         parts = [("unfinished experiment: " if self.unfinished else "")
                  + f"mean ± std over the repeat seeds (n), {unit}"]
         rows = "each row"
@@ -443,7 +460,9 @@ class Verdict:
                          f"winner at alpha over all its looks; a row shows the entrant's "
                          "configuration that raced longest")
             rows = "in the other columns, each row"
-        parts += [f"{rows} against the highest mean of its column by a {self.test}, two-sided, "
+        lower = [m for m in self.metrics if _sign(m) < 0]
+        best = "the highest mean of its column" + (f" (the lowest for {_names(lower)})" if lower else "")
+        parts += [f"{rows} against {best} by a {self.test}, two-sided, "
                   f"Holm-corrected across the tested rows (alpha = {self.alpha:g})",
                   "bold: only an entrant the tests separate from every other and that beats the "
                   "untrained encoder (random-init, paired by seed, one-sided, Holm-corrected)",
@@ -525,19 +544,29 @@ class Verdict:
         return "\n".join([*head, *lines, "", *self.sentences(), *tail]) + "\n"
 
 
-_FRACTION = ("_acc", "_nmi", "_ari")
+
+
+def _sign(metric: str) -> float:
+    """+1 where higher is better, -1 for a lower-is-better metric (alignment, uniformity)."""
+    return -1.0 if metric in LOWER_IS_BETTER else 1.0
+
+
+def _most(metric: str) -> str:
+    return "lowest" if metric in LOWER_IS_BETTER else "highest"
 
 
 def _val(metric: str, v: float) -> str:
     if metric == "rankme":  # an effective rank: dimensions, to two decimals as the accuracies
         return f"{v:.2f}"
-    return f"{100 * v:.2f}" if metric.endswith(_FRACTION) or metric == "" else f"{v:.4g}"
+    if metric in LOWER_IS_BETTER:  # alignment in [0, 4], uniformity in [-4, 0]: three decimals
+        return f"{v:.3f}"
+    return f"{100 * v:.2f}" if metric.endswith(FRACTION_SUFFIXES) or metric == "" else f"{v:.4g}"
 
 
 def _pts(metric: str, v: Optional[float]) -> str:
     if v is None:
         return "–"
-    return f"{100 * v:.2g} points" if metric.endswith(_FRACTION) else f"{v:.3g}"
+    return f"{100 * v:.2g} points" if metric.endswith(FRACTION_SUFFIXES) else f"{v:.3g}"
 
 
 def _names(names: Sequence[str]) -> str:
@@ -790,9 +819,9 @@ def _values(runs: Sequence[Mapping], m: str) -> dict[int, float]:
 def _rows(by_candidate: Mapping[str, list[dict]], metrics: tuple[str, ...],
           race: Optional[RaceState]) -> list[Row]:
     """One row per entrant: the candidate that raced longest (most seeds on the race's metric, or
-    on the first metric), a racing one first, then the highest mean."""
+    on the first metric), a racing one first, then the best mean."""
     m0 = race.settings.metric if race is not None else metrics[0]
-    sign = -1.0 if race is not None and race.settings.mode == "min" else 1.0
+    sign = (-1.0 if race.settings.mode == "min" else 1.0) if race is not None else _sign(m0)
     by_entrant: dict[str, list[str]] = {}
     for cid, runs in by_candidate.items():
         by_entrant.setdefault(runs[0].get("entrant") or runs[0]["method"], []).append(cid)
@@ -845,9 +874,9 @@ def _by_one_look(rows: list[Row], m: str, alpha: float, margin: Optional[float],
     d = Decision(m, level=alpha)
     if not ok:
         return d
-    lead = max(ok, key=lambda r: r.cells[m].mean)
+    lead = max(ok, key=lambda r: _sign(m) * r.cells[m].mean)
     d.leader, b = lead.entrant, lead.cells[m]
-    b.note = "highest mean"
+    b.note = f"{_most(m)} mean"
     tested = []
     for r in ok:
         c = r.cells[m]
@@ -908,7 +937,7 @@ def _by_race(rows: list[Row], m: str, race: RaceState) -> Decision:
     sign = 1.0 if s.mode == "max" else -1.0
     lead = max(live, key=lambda r: sign * r.cells[m].mean)
     d.leader, b = lead.entrant, lead.cells[m]
-    b.note = "highest mean"
+    b.note = f"{'highest' if sign > 0 else 'lowest'} mean"
     for r in ok:
         if r is lead:
             continue
@@ -955,26 +984,28 @@ def _against_references(rows: list[Row], m: str, d: Decision,
     paired = [(r, _pair_reference(r, m)) for r in ok]
     paired = [(r, x) for r, x in paired if len(x[0]) >= 2]
     if untrained and paired:
-        ps = [stats.paired_p(a, u, "greater") for _, (a, u) in paired]
+        side = "less" if _sign(m) < 0 else "greater"
+        ps = [stats.paired_p(a, u, side) for _, (a, u) in paired]
         for (r, _), q in zip(paired, holm(ps)):
             r.cells[m].untrained_p = q
             d.beats_untrained[r.entrant] = q < alpha
     raw = refs.get(RAW, {}).get(m, {})
     if raw:
-        qs = holm([_above_raw(r.cells[m].seeds, raw) for r in ok])
+        qs = holm([_above_raw(r.cells[m].seeds, raw, _sign(m)) for r in ok])
         for r, q in zip(ok, qs):
             r.cells[m].raw_p = q
             d.beats_raw[r.entrant] = q < alpha
 
 
-def _above_raw(values: Mapping[int, float], raw: Mapping[int, float]) -> float:
-    """One-sided p of a row's seeds above the raw input: one value when every seed scored the same input
-    (a one-sample test), else (`compare.vary: [init, split]`, a split per seed) paired by seed."""
+def _above_raw(values: Mapping[int, float], raw: Mapping[int, float], sign: float = 1.0) -> float:
+    """One-sided p of a row's seeds better than the raw input (above it; below it when `sign` is -1, a
+    lower-is-better metric): one value when every seed scored the same input (a one-sample test), else
+    (`compare.vary: [init, split]`, a split per seed) paired by seed."""
     shared = sorted(set(values) & set(raw))
     if len(set(raw.values())) > 1 and len(shared) >= 2:
         return stats.paired_p(np.array([values[s] for s in shared]), np.array([raw[s] for s in shared]),
-                              "greater")
-    return stats.above_p(list(values.values()), float(np.mean(list(raw.values()))))
+                              "less" if sign < 0 else "greater")
+    return stats.above_p([sign * v for v in values.values()], sign * float(np.mean(list(raw.values()))))
 
 
 def _pair_reference(r: Row, m: str) -> tuple[np.ndarray, np.ndarray]:

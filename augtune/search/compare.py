@@ -30,7 +30,8 @@ import yaml
 
 from augtune.config import SCHEDULES, SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import (
-    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
+    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, LOWER_IS_BETTER, REPEAT, ROUND,
+    SEARCH_FILE,
 )
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
@@ -106,7 +107,8 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
         "search.space": entrant.space, "search.hold": list(dict.fromkeys([*HELD, *cfg.search.hold])),
         # TPE would credit a PBT trial's last score to its first values: a population starts at random
         "search.algorithm": "random" if entrant.scheduler in SCHEDULES else "optuna",
-        "search.num_samples": c.trials, "search.metric": c.metrics[0], "search.mode": "max",
+        "search.num_samples": c.trials, "search.metric": c.metrics[0],
+        "search.mode": "min" if c.metrics[0] in LOWER_IS_BETTER else "max",
         "search.scheduler": entrant.scheduler,
         "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
     }
@@ -150,12 +152,6 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
 
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
-    from augtune.records import LOWER_IS_BETTER  # no torch: a plan is checked before anything heavy
-
-    lower = [m for m in cfg.compare.metrics if m in LOWER_IS_BETTER]
-    if lower:
-        raise ConfigError(f"compare.metrics: {lower[0]} is lower-is-better and a compare ranks the highest "
-                          f"mean; record it with eval.metrics, or search it (search.mode: min)")
     if data is not None and len(data.y_train) == 0:
         cfg = label_free(cfg)
     if cfg.train.seed + repeat_seeds(cfg.compare) > SEED_MAX:
