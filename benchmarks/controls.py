@@ -1,7 +1,8 @@
 """Controls on real training: does the verdict separate entrants that are the same (it must not), and
 entrants that differ (it should)?
 
-Run:  python benchmarks/controls.py [--compares 20] [--seeds 6] [--data digits] [--handicap epochs|views]
+Run:  python benchmarks/controls.py [--compares 20] [--seeds 6] [--data digits|fashion]
+                                    [--handicap epochs|views|noviews|data]
                                     [--parts negative,positive] [--out controls.json]
       python benchmarks/controls.py --tiny        # every part, small, in about a minute (the suite)
 
@@ -21,8 +22,10 @@ batch order (`train.seed`), drawn apart for each entrant and each compare.
 - negative control: the same configuration entered twice (`a`, `b`), different `train.seed`; the
   false separation rate is how often the verdict separates them (goal <= alpha);
 - positive control: the configuration against itself handicapped (`--handicap epochs`: a quarter of
-  the epochs; `views`: no random crop); its true gap is the mean paired difference over every run of
-  the benchmark; power is how often the verdict names the better one separated.
+  the epochs; `views`: no random crop; `noviews`: no augmentation at all, the issue's "views that lose
+  the crop and colour jitter"; `data`: a quarter of the training images); its true gap is the mean
+  paired difference over every run of the benchmark; power is how often the verdict names the better
+  one separated.
 
 It writes one JSON (`--out`) and prints a table.
 """
@@ -57,12 +60,30 @@ def configs(data: str, tiny: bool, handicap: str) -> tuple:
         sets += ["dataset.max_train=256", "dataset.max_test=128", "model.width=4", "train.epochs=2",
                  "train.batch_size=64"]
     base = load_config(ROOT / "examples" / "compare_digits.yaml", sets)
-    if handicap == "epochs":
-        worse = load_config(ROOT / "examples" / "compare_digits.yaml",
-                            sets + [f"train.epochs={max(1, base.train.epochs // 4)}"])
-    else:
-        worse = load_config(ROOT / "examples" / "compare_digits.yaml", sets + ["view.crop_scale=[1.0,1.0]"])
+    worse = load_config(ROOT / "examples" / "compare_digits.yaml", sets + handicap_sets(base, handicap))
     return base, worse
+
+
+HANDICAPS = {
+    "epochs": "a quarter of the epochs",
+    "views": "no random crop",
+    "noviews": "no augmentation: the views lose the random crop, the colour jitter and the grayscale "
+               "(the main job's views never flip)",
+    "data": "a quarter of the training images",
+}
+
+
+def handicap_sets(base, handicap: str) -> list[str]:
+    """The overrides that handicap `base` (`HANDICAPS` says each in words)."""
+    if handicap == "epochs":
+        return [f"train.epochs={max(1, base.train.epochs // 4)}"]
+    if handicap == "views":
+        return ["view.crop_scale=[1.0,1.0]"]
+    if handicap == "noviews":
+        return ["view.crop_scale=[1.0,1.0]", "view.jitter_p=0", "view.gray_p=0", "view.flip_p=0"]
+    if base.dataset.max_train is None:
+        raise SystemExit("--handicap data: the control's data needs dataset.max_train")
+    return [f"dataset.max_train={max(1, base.dataset.max_train // 4)}"]
 
 
 _RUNS: dict[tuple, dict] = {}  # (config, pair, train_seed) -> record: the positive control's unhandicapped
@@ -147,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compares", type=int, default=20, help="real compares per control")
     ap.add_argument("--seeds", type=int, default=6, help="paired seeds per compare (the race's max)")
     ap.add_argument("--data", choices=("digits", "fashion"), default="digits")
-    ap.add_argument("--handicap", choices=("epochs", "views"), default="epochs")
+    ap.add_argument("--handicap", choices=tuple(HANDICAPS), default="epochs", help="; ".join(
+        f"{k}: {v}" for k, v in HANDICAPS.items()))
     ap.add_argument("--tiny", action="store_true", help="2 compares of 3 seeds, tiny data and network")
     ap.add_argument("--parts", default="negative,positive", help="comma-separated controls to run")
     ap.add_argument("--out", help="the JSON file")
@@ -158,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfgs = configs(args.data, args.tiny, args.handicap)
     t0 = time.monotonic()
     result = {"schema": 1, "command": " ".join(sys.argv), "data": args.data, "handicap": args.handicap,
+              "handicap_words": HANDICAPS[args.handicap],
               "compares": args.compares, "seeds": args.seeds, "alpha": ALPHA, "tiny": args.tiny}
     with tempfile.TemporaryDirectory(prefix="augtune-controls-") as tmp:
         for kind in args.parts.split(","):

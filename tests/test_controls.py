@@ -53,3 +53,19 @@ def test_a_compare_pairs_each_seed_on_one_split_and_separates_a_real_gap(control
     same = [rec("a", s, 0.9 + 0.01 * (s % 2)) for s in range(6)] + \
         [rec("b", s, 0.9 + 0.01 * ((s + 1) % 2)) for s in range(6)]
     assert not controls.decide(same, 6)["separated"]
+
+
+@pytest.mark.parametrize("handicap, differs", [
+    ("epochs", {"train": {"epochs": 1}}),
+    ("views", {"view": {"crop_scale": [1.0, 1.0]}}),
+    ("noviews", {"view": {"crop_scale": [1.0, 1.0], "jitter_p": 0.0, "gray_p": 0.0}}),  # never flipped
+    ("data", {"dataset": {"max_train": 750}}),
+])
+def test_each_handicap_changes_only_what_it_says(controls, handicap, differs):
+    from augtune.config import to_dict
+
+    base, worse = (to_dict(c) for c in controls.configs("fashion", False, handicap))
+    changed = {section: {k: v for k, v in worse[section].items() if base[section][k] != v}
+               for section in worse if isinstance(worse[section], dict) and worse[section] != base[section]}
+    assert changed == differs
+    assert handicap in controls.HANDICAPS
