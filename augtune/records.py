@@ -181,21 +181,23 @@ class LinkRefused(OSError):
     """A file augtune would write is a symbolic link: refused, so a planted link never redirects a write."""
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` through a temporary file in the same folder, renamed over it: a crash never
-    leaves half a file, and a link never redirects the write. The temporary is created with O_EXCL |
-    O_NOFOLLOW (a link planted at its name is refused, never followed); a final name that is a symbolic
-    link raises LinkRefused (renaming over it would not write through it, but the user meant the file
-    it points at, and must say so)."""
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int = 0o644):
+    """A binary file object whose bytes replace `path` whole when the block ends, through a temporary file
+    in the same folder renamed over it: a crash never leaves half a file, and a link never redirects the
+    write. The temporary is created with O_EXCL | O_NOFOLLOW (a link planted at its name is refused, never
+    followed); a final name that is a symbolic link raises LinkRefused (renaming over it would not write
+    through it, but the user meant the file it points at, and must say so). An error in the block removes
+    the temporary and leaves `path` as it was. Every file augtune writes goes through here
+    (tests/test_writes.py checks that no other write remains)."""
     path = Path(path)
     if path.is_symlink():
         raise LinkRefused(f"{path} is a symbolic link; augtune does not write through links (remove it, or "
                           f"write to the file it points at)")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     for attempt in range(100):
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{attempt}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
             break
         except FileExistsError:  # a stale or planted file at this name: take the next name
             continue
@@ -203,12 +205,18 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise FileExistsError(f"{path}: cannot create a temporary file beside it")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Replace `path` with `data` (text as UTF-8), whole and never through a link (`atomic_file`)."""
+    with atomic_file(path, mode) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

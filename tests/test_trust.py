@@ -334,3 +334,38 @@ def test_a_driver_killed_in_a_save_resumes_from_the_last_copy_not_the_unsigned_s
     trust.sign(str(staged))  # had the save been signed, its copy would be finished
     assert finish_interrupted_copy(str(exp)) == [str(exp / name)]
     trust.verify(str(exp))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_signing_key_others_can_read_or_write_is_refused_in_one_line(tmp_path, monkeypatch, capsys, mode):
+    """Anyone who can read the key can sign state that resume would unpickle: it is refused, not used."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
+    trust.sign(str(exp))
+    key = tmp_path / "me" / "augtune" / trust.KEY_FILE
+    key.chmod(mode)
+    with pytest.raises(trust.Untrusted, match=f"readable or writable by others \\(mode {mode:o}\\)"):
+        trust.key()
+    assert main(["resume", str(exp)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "chmod 600" in err[0]
+    key.chmod(0o600)
+    trust.verify(str(exp))  # the same key, private again: accepted
+
+
+def test_a_signing_key_that_is_a_link_is_refused_and_a_planted_temporary_never_followed(tmp_path,
+                                                                                         monkeypatch):
+    import os
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
+    folder = tmp_path / "me" / "augtune"
+    folder.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    (folder / f".{trust.KEY_FILE}.{os.getpid()}").symlink_to(victim)  # where the first key is written
+    made = trust.key()
+    assert len(made) == 32 and victim.read_bytes() == b"keep me"
+    (folder / trust.KEY_FILE).unlink()
+    (folder / trust.KEY_FILE).symlink_to(victim)
+    with pytest.raises(trust.Untrusted, match="symbolic link"):
+        trust.key()

@@ -43,9 +43,13 @@ class PlotError(ValueError):
 
 def save(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, write and close a matplotlib figure; the path written."""
+    from augtune.records import atomic_file
+
     _let_go(fig)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # legends and labels outside the axes are kept whole
-    return Path(path)
+    path = Path(path)
+    with atomic_file(path) as f:  # legends and labels outside the axes are kept whole
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
+    return path
 
 
 def _let_go(fig) -> None:

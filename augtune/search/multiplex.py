@@ -20,7 +20,6 @@ snapshot, restored and reconciled with the trials Tune restored (`tune_internals
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -28,7 +27,7 @@ from ray import cloudpickle
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining, TrialScheduler
 from ray.tune.search import SearchAlgorithm
 
-from augtune.records import ENTRANT, REPEAT
+from augtune.records import ENTRANT, REPEAT, atomic_file
 
 STATE_FILE = "entrants-search-state-{}.pkl"  # recovery.TUNE_STATE knows it
 
@@ -133,11 +132,8 @@ class EntrantsSearch(SearchAlgorithm):
 
     def save_to_dir(self, dirpath: str, session_str: str) -> None:
         """Every entrant's search algorithm in one file, written whole (temporary file, then rename)."""
-        path = Path(dirpath) / STATE_FILE.format(session_str)
-        tmp = path.with_name(f"tmp-{path.name}")
-        with open(tmp, "wb") as f:
+        with atomic_file(Path(dirpath) / STATE_FILE.format(session_str)) as f:
             cloudpickle.dump({"subs": self._subs, "owner": self._owner, "turn": self._turn}, f)
-        os.replace(tmp, path)
 
     def has_checkpoint(self, dirpath: str) -> bool:
         return any(Path(dirpath).glob(STATE_FILE.format("*")))

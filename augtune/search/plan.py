@@ -17,7 +17,7 @@ from typing import Collection, Optional
 
 from augtune.checks import check_config
 from augtune.config import SCHEDULES, Config, ConfigError, from_dict, load_config, set_values, to_dict
-from augtune.records import read_search_file
+from augtune.records import read_search_file, write_atomic
 from augtune.search.storage import is_uri
 
 DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
@@ -310,7 +310,7 @@ def _read_search_file(location: str) -> dict:
     if text is None:
         raise ValueError(f"{location}: not an augtune search folder (no {SEARCH_FILE})")
     with tempfile.TemporaryDirectory(prefix="augtune-plan-") as tmp:
-        (Path(tmp) / SEARCH_FILE).write_text(text, encoding="utf-8")
+        write_atomic(Path(tmp) / SEARCH_FILE, text)
         try:
             return read_search_file(Path(tmp))
         except ValueError as e:

@@ -25,7 +25,6 @@ is never made again, a run Tune holds unfinished is waited for, and only what is
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -33,7 +32,7 @@ from typing import Callable, Optional
 from ray import cloudpickle
 from ray.tune.search import SearchAlgorithm
 
-from augtune.records import REPEAT
+from augtune.records import REPEAT, atomic_file
 
 STATE_FILE = "search-then-repeat-state-{}.pkl"  # recovery.TUNE_STATE knows it
 
@@ -223,11 +222,8 @@ class SearchThenRepeat(SearchAlgorithm):
         from augtune.search.trust import sign
 
         self.search.save_to_dir(dirpath, session_str=session_str)
-        path = Path(dirpath) / STATE_FILE.format(session_str)
-        tmp = path.with_name(f"tmp-{path.name}")
-        with open(tmp, "wb") as f:
+        with atomic_file(Path(dirpath) / STATE_FILE.format(session_str)) as f:
             cloudpickle.dump(self._state(), f)
-        os.replace(tmp, path)
         sign(dirpath)  # best effort on a full disk: Tune's own write of its state says so
 
     def has_checkpoint(self, dirpath: str) -> bool:

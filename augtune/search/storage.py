@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from augtune import scratch
-from augtune.records import COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE, is_uri
+from augtune.records import (
+    COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE, atomic_file, is_uri, write_atomic,
+)
 
 # What `status`, `export` and `importance` read of an experiment: basenames, at any depth. Tune's state
 # (`experiment_state-*.json`) says which trials exist and what they last reported.
@@ -112,9 +114,8 @@ def read_bytes(location: str, name: str) -> Optional[bytes]:
 
 def write_bytes(location: str, name: str, data: bytes) -> str:
     """Replace file `name` (a relative path) in the folder at `location` with `data`, whole: through a
-    temporary file and a rename in a local folder (an object store writes whole objects); its path."""
-    import os
-
+    temporary file and a rename in a local folder, never through a link (`records.write_atomic`; an
+    object store writes whole objects); its path."""
     import pyarrow.fs
 
     fs, path = filesystem(location)
@@ -122,9 +123,7 @@ def write_bytes(location: str, name: str, data: bytes) -> str:
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         local = Path(target)
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.writing")
-        tmp.write_bytes(data)
-        os.replace(tmp, local)
+        write_atomic(local, data)
         return target
     fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(target) as f:
@@ -178,7 +177,7 @@ def download(location: str, dest: Path, keep: Callable[[str], bool] = lambda rel
             continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        with fs.open_input_stream(info.path) as src, open(target, "wb") as out:
+        with fs.open_input_stream(info.path) as src, atomic_file(target) as out:
             shutil.copyfileobj(src, out)
         copied.append(rel)
     return copied
@@ -232,7 +231,7 @@ class UploadedJournal:
             if local is None or not local.exists():
                 local = scratch.scratch_dir("optuna-") / self._name
                 text = read_text(self._parent, self._name)
-                local.write_text(text or "")
+                write_atomic(local, text or "")
                 _LOCAL_JOURNALS[uri] = local
         self.local = local
         self._file = JournalFileBackend(str(local))

@@ -23,6 +23,7 @@ file written but not yet signed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -59,22 +60,44 @@ def key() -> bytes:
     """This user's signing key, made on first use (32 random bytes, readable by the user alone)."""
     path = config_dir() / KEY_FILE
     try:
-        data = path.read_bytes()
+        data = _read_key(path)
         if len(data) >= 32:
             return data
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path.with_name(f".{KEY_FILE}.{os.getpid()}"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a stale one of a reused pid, or a planted link: removed, never followed
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(secrets.token_bytes(32))
     try:  # two first uses at once: the first key written stays
-        os.link(path.with_name(f".{KEY_FILE}.{os.getpid()}"), path)
+        os.link(tmp, path)
     except FileExistsError:
         pass
     finally:
-        os.unlink(path.with_name(f".{KEY_FILE}.{os.getpid()}"))
-    return path.read_bytes()
+        os.unlink(tmp)
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    """The key file's bytes, refused in one line when another user could read or replace it: a key
+    others can read lets them sign state that this user's resume would then unpickle."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise Untrusted(f"{path}: the signing key is a symbolic link; remove it (a new key is made)"
+                        ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_mode & 0o077 or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            raise Untrusted(f"{path}: the signing key is readable or writable by others (mode "
+                            f"{st.st_mode & 0o777:o}) or not yours; anyone who can read it can forge state "
+                            f"that resume would load: remove it (a new one is made) or chmod 600 it")
+        return f.read()
 
 
 def signature(name: str, data: bytes, secret: bytes | None = None) -> str:
@@ -130,15 +153,14 @@ def remember(signatures: Iterable[str]) -> None:
     """Add signatures to the user's ledger (appended; trimmed to its newest LEDGER_KEEP)."""
     path = config_dir() / LEDGER
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "a") as f:
         f.write("".join(f"{s}\n" for s in signatures))
     if path.stat().st_size > 66 * LEDGER_KEEP * 1.5:
+        from augtune.records import write_atomic
+
         lines = path.read_text().splitlines()[-LEDGER_KEEP:]
-        tmp = path.with_name(f".{LEDGER}.{os.getpid()}")
-        tmp.write_text("".join(f"{s}\n" for s in lines))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_atomic(path, "".join(f"{s}\n" for s in lines), mode=0o600)
 
 
 def _ledger() -> set[str]:

@@ -26,7 +26,7 @@ from augtune.methods import Batch, OptimizerSpec, StepInfo, build_method
 from augtune.methods.base import Update
 from augtune.methods.losses import allreduce_gradients
 from augtune.phases import parse_phases, phase_names
-from augtune.records import LABEL_FREE, VAL_PREFIX
+from augtune.records import LABEL_FREE, VAL_PREFIX, atomic_file
 
 
 class NonFiniteLoss(RuntimeError):
@@ -515,18 +515,17 @@ class Trainer:
             return self._save_checkpoint(Path(path))
 
     def _save_checkpoint(self, path: Path) -> Path:
-        tmp = path.with_name(path.name + ".tmp")
         try:
             # our own file: its errors reach torch's writer as OSError. No zip CRC: it cost a third of
-            # writing 32 MB, and the (mapped) load never checks it; a torn file still fails to load
-            with open(tmp, "wb") as f, serialization.patch({"save.compute_crc32": False}):
+            # writing 32 MB, and the (mapped) load never checks it; a torn file still fails to load.
+            # Atomic (a crash mid-save keeps the previous checkpoint); a half-written temporary is
+            # removed, which would otherwise keep a full disk full
+            with atomic_file(path) as f, serialization.patch({"save.compute_crc32": False}):
                 torch.save(self.state_dict(), f)
-        except BaseException as e:
-            tmp.unlink(missing_ok=True)  # a half-written file would keep a full disk full
-            if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
                 raise e.__context__ from None  # torch says "unexpected pos"; the file said "no space left"
             raise
-        tmp.replace(path)  # atomic: a crash mid-save keeps the previous checkpoint
         return path
 
     def load_checkpoint(self, path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import yaml
 
 from augtune.config import Config, flatten, from_dict, method_label, to_dict
-from augtune.records import CHECKPOINT_FILE, CONFIG_FILE, RECORD_FILE, RunRecord, read_record
+from augtune.records import CHECKPOINT_FILE, CONFIG_FILE, RECORD_FILE, RunRecord, read_record, write_atomic
 from augtune.trainables.loop import CheckpointError, NonFiniteLoss, Trainer
 
 _SHOWN = ("knn_acc", "sr_acc", "linear_acc", "kmeans_acc", "kmeans_nmi", "kmeans_ari")
@@ -65,7 +65,7 @@ def start_record(cfg: Config, data=None) -> RunRecord:
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
-    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    write_atomic(run_dir / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 class RunFolderError(ValueError):
