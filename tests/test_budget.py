@@ -96,9 +96,29 @@ def test_a_budgeted_compare_is_sized_before_ray_and_says_so(tmp_path):
     assert c.compare.trials < 200 and "(asked: 200 trials, 6 epochs, 3 seeds)" in plan.budget
     assert all(p.cfg.search.num_samples == c.compare.trials and p.cfg.train.epochs == c.train.epochs
                for p in plan.plans)  # every entrant the same budget
-    with pytest.raises(ConfigError, match="time_budget: 10 s is too short"):
-        plan_compare(load_config("examples/compare_digits.yaml", ["compare.time_budget=10s"]), data.modality,
+    with pytest.raises(ConfigError, match="time_budget: 60 s is too short"):
+        plan_compare(load_config("examples/compare_digits.yaml", ["compare.time_budget=60s"]), data.modality,
                      storage=str(tmp_path), name="c", data=data)
+
+
+def test_a_budget_under_what_any_compare_spends_is_refused_before_anything_is_timed(monkeypatch):
+    """10 s cannot hold Ray's start and the runs' own set-up, whatever the entrants cost: refused at once,
+    the timing probe (seconds to minutes of training) never run."""
+    from augtune.search import compare
+
+    def probe(*args, **kwargs):
+        raise AssertionError("the timing probe ran")
+
+    monkeypatch.setattr(compare, "measure_costs", probe)
+    cfg = load_config("examples/compare_digits.yaml", ["compare.time_budget=10s"])
+    with pytest.raises(ConfigError, match=r"compare.time_budget: 10 s is less than a compare of 5 "
+                                          r"entrant\(s\) spends before any training \(\d+ s: Ray's start"):
+        compare.fit_time_budget(cfg, "image")
+    from augtune.search.budget import check_floor
+
+    check_floor(3600, 5, 4, 2, 2)  # an hour is above the floor: no error
+    with pytest.raises(ConfigError, match="less than a compare of 8 entrant"):
+        check_floor(40, 8, 4, 2, 1)  # 30 s start + 8 x (4 + 2 x 2) runs x 1 s
 
 
 def test_a_duration_that_is_no_duration_is_refused():

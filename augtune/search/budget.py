@@ -90,6 +90,18 @@ def wall_s(costs: Sequence[Cost], trials: int, epochs: int, seeds: int, slots: i
     return start_s + work / max(1, slots)
 
 
+def check_floor(budget_s: float, entrants: int, trials: int, per_seed: int, slots: int) -> None:
+    """Refuse, before anything is timed, a budget under what the compare spends whatever its entrants
+    cost: its start (START_S) and each run's own overhead (RUN_S) of the smallest design (`trials` search
+    trials and MIN_SEEDS seeds of `per_seed` repeat runs per entrant), at no training time at all."""
+    runs = entrants * (max(1, trials) + per_seed * MIN_SEEDS)
+    floor = START_S + runs * RUN_S / max(1, slots)
+    if budget_s < floor:
+        raise ConfigError(f"compare.time_budget: {_minutes(budget_s)} is less than a compare of {entrants} "
+                          f"entrant(s) spends before any training ({_minutes(floor)}: Ray's start and "
+                          f"{runs} runs' own set-up); give more: the entrants' training comes on top")
+
+
 def allocate(costs: Sequence[Cost], budget_s: float, *, trials: int, epochs: int, seeds: int, slots: int,
              start_s: float = START_S, per_seed: int = 1, min_trials: int = 1) -> Allocation:
     """The trials, epochs and seeds that fit `budget_s` (the module doc's rule); ConfigError when even

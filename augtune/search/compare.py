@@ -218,17 +218,21 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
 
     start = time.monotonic()
     total = b.budget_seconds(cfg)
-    measured = measure_costs(cfg, modality)
-    costs = measured
-    if cfg.compare.equal == "compute":  # every entrant's epochs cost the cheapest one's
-        cheapest = min(x.epoch_s for x in measured)
-        costs = [replace(x, epoch_s=cheapest) for x in measured]
     c = cfg.compare
     if address:  # a cluster's size is known once Ray is connected: its concurrency limit, else one
         slots = cfg.search.max_concurrent or 1
     else:  # a local Ray takes this machine's CPUs
         first = entrant_config(cfg, entrants(cfg, modality)[0])
         slots = concurrency(first, {"CPU": float(os.cpu_count() or 1)})
+    # before the timing probe (which takes seconds to minutes): a budget that no cost of the entrants could
+    # fit, the compare's start and its smallest design's runs at no training time at all
+    b.check_floor(total, len(entrants(cfg, modality)), min(c.trials, c.min_trials),
+                  c.race.finalists if c.race.enabled else 1, slots)
+    measured = measure_costs(cfg, modality)
+    costs = measured
+    if cfg.compare.equal == "compute":  # every entrant's epochs cost the cheapest one's
+        cheapest = min(x.epoch_s for x in measured)
+        costs = [replace(x, epoch_s=cheapest) for x in measured]
     spent = time.monotonic() - start  # the measuring: part of the budget, as Ray's start is
     race = c.race
     # a race's most repeat runs: finalists x max_seeds per entrant (its seeds shrink as max_seeds)
