@@ -54,6 +54,7 @@ def site(tmp_path_factory) -> Path:
 def test_the_site_builds_strict_with_every_page(site):
     for page in ("index.html", "getting-started/index.html", "reference/config/index.html",
                  "results/index.html", "contributing/index.html", "changelog/index.html", "api/index.html",
+                 "reference/methods/index.html",
                  *(f"methods/{m}/index.html" for m in ("pinda", "nrcc", "cocor", "diffaug"))):
         assert (site / page).is_file(), page
 
@@ -75,6 +76,33 @@ def test_the_built_api_reference_shows_the_public_surface_only(site):
         assert 'id="augtune.' in html and name in html, name
     for internal in ("run_job", "write_json_atomic", "json_depth", "log_file", "time_budget_of"):
         assert internal not in html, internal
+
+
+def test_the_built_pages_hold_the_tables_generated_from_the_code(site):
+    """The docs hook docs/hooks/tables.py fills its markers (tests/test_docs_tables.py checks the tables
+    against the code); the method pages' names of classes link to the code reference, which the strict
+    build resolves, so a renamed class breaks it."""
+    from augtune.methods import AUGMENTATIONS, BASES
+    from augtune.plots import PLOTS
+
+    methods = (site / "methods" / "index.html").read_text(encoding="utf-8")
+    evaluation = (site / "reference" / "evaluation" / "index.html").read_text(encoding="utf-8")
+    for page in (methods, evaluation):
+        assert "<!-- augtune:" not in page  # no marker left unfilled
+    for name, cls in [*BASES.items(), *AUGMENTATIONS.items()]:
+        assert f"<code>{name}</code>" in methods
+        assert f'href="../reference/methods/#{cls.__module__}.{cls.__qualname__}"' in methods
+    for kind in PLOTS:
+        assert f"<code>{kind}</code>" in evaluation
+    assert "<code>max_rss_mb</code>" in evaluation and "<code>lineage</code>" in evaluation
+    reference = (site / "reference" / "methods" / "index.html").read_text(encoding="utf-8")
+    for cls in [*BASES.values(), *AUGMENTATIONS.values()]:  # every class, rendered from the registries
+        assert f'id="{cls.__module__}.{cls.__qualname__}"' in reference
+    for page in ("pinda", "nrcc", "cocor", "diffaug"):
+        html = (site / "methods" / page / "index.html").read_text(encoding="utf-8")
+        cls = AUGMENTATIONS[page]
+        anchor = f"{cls.__module__}.{cls.__qualname__}"
+        assert f'href="../../reference/methods/#{anchor}"' in html and f'id="{anchor}"' in reference
 
 
 def test_the_quickstart_page_renders_the_notebook(site):

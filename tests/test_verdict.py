@@ -144,6 +144,58 @@ def test_renders_markdown_csv_and_latex_with_its_packages():
     assert {r.entrant: r.relative_cost for r in v.rows}["a+x"] == pytest.approx(1.0)
 
 
+def test_the_table_is_a_dataframe_of_the_records_numbers_and_prints_as_before():
+    """`table()` holds numbers (each entrant's mean, std and n over its repeat runs' records, in the
+    metric's own units; the references after them); `table_text`, through `render`, prints it as the
+    verdict always has (the golden lines below are the output before the table became a DataFrame)."""
+    import pandas as pd
+
+    values = {"good": [(0.95, 0.50), (0.96, 0.52), (0.955, 0.51)],
+              "meh": [(0.80, 0.60), (0.82, 0.58), (0.79, 0.61)]}
+    recs = [record(name, seed, knn, sr_acc=sr) for name, pairs in values.items()
+            for seed, (knn, sr) in enumerate(pairs, 1)]
+    untrained = {1: 0.80, 2: 0.81, 3: 0.80}
+    v = verdict(with_references(recs, raw=0.9, untrained=untrained), ("knn_acc", "sr_acc"))
+    table = v.table()
+    assert isinstance(table, pd.DataFrame)
+    per_metric = [f"{m}{s}" for m in ("knn_acc", "sr_acc") for s in ("", "_std", "_n", "_p_holm", "_best")]
+    assert list(table.columns) == ["entrant", "kind", *per_metric, "cost_x_base", "compute_min", "note"]
+    assert list(table["entrant"]) == ["good", "meh", "raw", "random-init"]
+    assert list(table["kind"]) == ["entrant", "entrant", "reference", "reference"]
+    rows = table.set_index("entrant")
+    for name in values:
+        for m in ("knn_acc", "sr_acc"):
+            x = [r["final"][m] for r in recs if r["entrant"] == name]
+            assert rows.loc[name, m] == pytest.approx(np.mean(x))  # a fraction, not a percentage
+            assert rows.loc[name, f"{m}_std"] == pytest.approx(np.std(x, ddof=1))
+            assert rows.loc[name, f"{m}_n"] == len(x)
+            cell = v.row(name).cells[m]
+            assert rows.loc[name, f"{m}_best"] == cell.bold
+            assert (np.isnan(rows.loc[name, f"{m}_p_holm"]) if cell.p_holm is None
+                    else rows.loc[name, f"{m}_p_holm"] == pytest.approx(cell.p_holm))
+    assert rows["knn_acc_best"].to_dict() == {"good": True, "meh": False, "raw": False, "random-init": False}
+    assert rows.loc["random-init", "knn_acc"] == pytest.approx(np.mean(list(untrained.values())))
+    assert rows.loc["raw", "knn_acc"] == pytest.approx(0.9) and rows.loc["raw", "sr_acc_n"] == 0
+    assert rows.loc["good", "compute_min"] == pytest.approx(3 * 1.0 / 60)  # three runs of one 1-s epoch
+    assert rows.loc["good", "cost_x_base"] == pytest.approx(1.0) and np.isnan(rows.loc["raw", "cost_x_base"])
+    assert rows.loc["meh", "note"] == "no better than untrained (knn_acc)"
+    assert rows.loc["raw", "note"] == "reference"
+    printed = [
+        "| entrant | knn_acc | sr_acc | cost (x base) | compute | note |",
+        "| :--- | ---: | ---: | ---: | ---: | :--- |",
+        "| good | **95.50 ± 0.50 (3)** | 51.00 ± 1.00 (3) | 1.00x | 0.1 min |  |",
+        "| meh | 80.33 ± 1.53 (3) | **59.67 ± 1.53 (3)** | 1.00x | 0.1 min "
+        "| no better than untrained (knn_acc) |",
+        "| *raw* | 90.00 ± 0.00 (3) | – |  |  | reference |",
+        "| *random-init* | 80.33 ± 0.58 (3) | – |  |  | reference |",
+    ]
+    assert v.render("md", caption=False, plainly=False).split("\n\n")[0] == "\n".join(printed)
+    assert v.table_text()[0] == ["entrant", "knn_acc", "sr_acc", "cost (x base)", "compute", "note"]
+    assert len(v.table_text()) == len(table) + 1
+    with pytest.raises(ValueError, match="markup"):
+        v.table_text("latex")
+
+
 # -- the detectable difference --------------------------------------------------------------------
 
 def test_the_detectable_difference_has_power_0_8_by_the_noncentral_t_over_many_cases():
@@ -217,7 +269,9 @@ def test_every_entrant_above_raw_but_not_above_random_init_is_said_so():
            "(random-init 93.00 ± 1.00, n = 3)" in text
     assert v.decisions["knn_acc"].beats_raw == {"a": True, "b": True}
     assert v.decisions["knn_acc"].beats_untrained == {"a": False, "b": False}
-    assert all("no better than untrained (knn_acc)" in row[-1] for row in v.table()[1:3])
+    table = v.table()
+    notes = table[table["kind"] == "entrant"].note
+    assert all("no better than untrained (knn_acc)" in note for note in notes)
     assert "| *random-init* | 93.00 ± 1.00 (3) |" in v.render("md")  # references show ± and n
     assert "| *raw* | 80.00 ± 0.00 (3) |" in v.render("md")
 
@@ -266,7 +320,7 @@ def test_an_entrant_that_reads_labels_is_marked_semi_supervised():
     assert "simclr+cocor (semi-supervised) is best" in v.sentences()[0]
     assert "simclr+cocor reads labels while training (CoCor's MMNN, 1% of train labelled): " \
            "semi-supervised" in v.sentences()[0]
-    assert "semi-supervised" in {r[0]: r[-1] for r in v.table()}["simclr+cocor"]
+    assert "semi-supervised" in v.table().set_index("entrant").loc["simclr+cocor", "note"]
     for r in recs:  # its config says the MMNN is off: it reads no labels
         r["config"] = {"method": {"augment": ["cocor"] if "cocor" in r["entrant"] else []},
                        "cocor": {"mmnn": False, "label_fraction": 0.01}}
@@ -450,7 +504,7 @@ def test_an_entrant_whose_search_ran_one_trial_is_named_untuned_first():
     assert v.untuned == ("b", "c")
     first = v.sentences()[0]
     assert first.split(" ran one search trial")[0] == "Untuned defaults: b, c"
-    notes = {row[0]: row[-1] for row in v.table()[1:]}
+    notes = dict(zip(v.table()["entrant"], v.table()["note"]))
     assert "untuned defaults" in notes["b"] and "untuned defaults" not in notes["a"]
     assert "Untuned defaults" in v.render("md")
     searched = verdict(repeat, ("knn_acc",), search=trials("a", 2) + trials("b", 2) + trials("c", 3))
@@ -511,4 +565,6 @@ def test_a_verdict_shows_its_answer_in_a_notebook_not_a_dump():
     md = v._repr_markdown_()
     assert md.startswith(v.plainly()) and "| entrant | knn_acc |" in md and "Table:" not in md
     page = v._repr_html_()
-    assert page.startswith("<p><b>Plainly: good is best") and page.count("<tr>") == len(v.table())
+    assert page.startswith("<p><b>Plainly: good is best") and page.count("<tr>") == len(v.table()) + 1
+    assert "**" not in page and "<td><b>95.50 ± 0.50 (3)</b></td>" in page  # bold as HTML, not markdown
+    assert "<td><i>random-init</i></td>" in page

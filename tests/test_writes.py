@@ -149,4 +149,5 @@ def test_the_helpers_writes_keep_the_full_disks_message_and_leave_no_temporary(t
         with atomic_file(path) as f:
             f.write(b"half")
             raise OSError(28, "No space left on device")
-    assert path.read_bytes() == b"previous" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert path.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]

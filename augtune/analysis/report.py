@@ -210,20 +210,6 @@ def _history_figure(search: list[dict], metric: str, mode: str) -> str:
     return _png(fig)
 
 
-def _table_html(v: Verdict) -> str:
-    rows = v.table()
-    out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in rows[0]) + "</tr>"]
-    for row in rows[1:]:
-        cells = []
-        for c in row:
-            bold = c.startswith("**") and c.endswith("**")
-            text = html.escape(c.strip("*"))
-            cells.append(f"<td><b>{text}</b></td>" if bold else f"<td>{text}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
 def _schedule_figures(search: list[dict]) -> list[str]:
     """Each PBT entrant's population: its knobs' values per epoch, one line per trial, exploits marked
     (`augtune.analysis.schedules`); nothing when no entrant searched for a schedule."""
@@ -290,7 +276,7 @@ def write_report(exp_dir: Path, verdict: Verdict, repeat: list[dict], search: li
     metric = verdict.metrics[0]
     parts = [f"<h1>{html.escape(title or exp_dir.name)}</h1>",
              f'<p class="answer">{html.escape(verdict.plainly())}</p>',  # the answer first, then its table
-             _table_html(verdict), f'<p class="note">{html.escape(verdict.caption())}</p>',
+             verdict.table_html(), f'<p class="note">{html.escape(verdict.caption())}</p>',
              "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in verdict.sentences()) + "</ul>",
              "<h2>Every seed</h2>", _img(_seeds_figure(verdict), "each entrant's seeds as points"),
              *(_race_html(verdict.race) if verdict.race is not None else []),

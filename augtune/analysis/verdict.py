@@ -199,16 +199,10 @@ class Verdict:
         return self.plainly() + "\n\n" + self.render("md", caption=False, plainly=False)
 
     def _repr_html_(self) -> str:
-        import html as _html
+        import html
 
-        def cells(row: list[str], tag: str) -> str:
-            return "".join(f"<{tag}>{_html.escape(c)}</{tag}>" for c in row)
-
-        rows = self.table()
-        table = (f"<table><thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>"
-                 + "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:]) + "</tbody></table>")
-        return (f"<p><b>{_html.escape(self.plainly())}</b></p>{table}"
-                + "".join(f"<p>{_html.escape(t)}</p>" for t in self.sentences()))
+        return (f"<p><b>{html.escape(self.plainly())}</b></p>{self.table_html()}"
+                + "".join(f"<p>{html.escape(t)}</p>" for t in self.sentences()))
 
     def plainly(self) -> str:
         """The answer in plain words, written from the decisions (what a reader takes away; the
@@ -476,18 +470,72 @@ class Verdict:
 
     # -- tables -----------------------------------------------------------------------------------
 
-    def table(self) -> list[list[str]]:
-        """Header and rows as strings (bold marked with **), references last."""
-        head = ["entrant", *self.metrics, "cost (x base)", "compute", "note"]
-        body = []
-        for r in self.rows:
-            cells = [_show(r.cells.get(m), m) for m in self.metrics]
-            body.append([r.entrant, *cells, _num(r.relative_cost, "{:.2f}x"),
-                         _num(r.compute_s / 60, "{:.1f} min"), self._note(r)])
-        for name, cells in self.reference_cells.items():
-            body.append([f"*{name}*", *[_show(cells.get(m), m) for m in self.metrics], "", "",
-                         "reference"])
-        return [head, *body]
+    def table(self) -> pd.DataFrame:
+        """The table as numbers, one row per entrant then per reference (`raw`, `random-init`), in the
+        printed order: `entrant`, `kind` ("entrant" or "reference"); per metric m, `m` (the mean over
+        the repeat seeds, in the metric's own units: 0.9654, not "96.54"), `m_std`, `m_n`,
+        `m_p_holm` (Holm-adjusted p against the column's leader; NaN for the leader, an untested or a
+        reference row) and `m_best` (named best: the bold cell); then `cost_x_base` (epoch time
+        relative to the plain base), `compute_min` (training minutes over all the entrant's runs) and
+        `note`. `table_text` is its printed form; `numbers` the same numbers in long form with more
+        tests' p-values."""
+        def metric_columns(cells: Mapping[str, Cell]) -> dict:
+            out: dict = {}
+            for m in self.metrics:
+                c = cells.get(m)
+                finite = c is not None and math.isfinite(c.mean)
+                out |= {m: c.mean if finite else math.nan, f"{m}_std": c.std if finite else math.nan,
+                        f"{m}_n": c.n if c is not None else 0,
+                        f"{m}_p_holm": math.nan if c is None or c.p_holm is None else c.p_holm,
+                        f"{m}_best": bool(c is not None and c.bold)}
+            return out
+
+        lines = [{"entrant": r.entrant, "kind": "entrant", **metric_columns(r.cells),
+                  "cost_x_base": r.relative_cost, "compute_min": r.compute_s / 60, "note": self._note(r)}
+                 for r in self.rows]
+        lines += [{"entrant": name, "kind": "reference", **metric_columns(cells), "cost_x_base": math.nan,
+                   "compute_min": math.nan, "note": "reference"}
+                  for name, cells in self.reference_cells.items()]
+        suffixes = ("", "_std", "_n", "_p_holm", "_best")
+        per_metric = [f"{m}{suffix}" for m in self.metrics for suffix in suffixes]
+        columns = ["entrant", "kind", *per_metric, "cost_x_base", "compute_min", "note"]
+        frame = pd.DataFrame(lines, columns=columns)
+        for m in self.metrics:  # an empty table keeps its columns' kinds too
+            frame = frame.astype({f"{m}_n": int, f"{m}_best": bool})
+        return frame
+
+    def table_text(self, markup: str = "md") -> list[list[str]]:
+        """The printed form of `table`: the header, then one list of cells per row, references last.
+        A metric's cell is `mean ± std (n)` in its printed units (accuracies in %), "–" without a
+        value. `markup` "md" marks the bold cell `**...**` and a reference's name `*...*` (what
+        `render` prints); "html" escapes every cell and marks them `<b>`, `<i>`."""
+        import html
+
+        if markup not in ("md", "html"):
+            raise ValueError(f"markup: {markup!r} is not md or html")
+
+        def cell(text: str, mark: str = "") -> str:
+            if markup == "md":
+                return f"{mark}{text}{mark}" if mark else text
+            tag = {"**": "b", "*": "i"}.get(mark)
+            return f"<{tag}>{html.escape(text)}</{tag}>" if tag else html.escape(text)
+
+        out = [[cell(c) for c in ("entrant", *self.metrics, "cost (x base)", "compute", "note")]]
+        for line in self.table().to_dict("records"):
+            ref = line["kind"] == "reference"
+            shown = [cell(_show(m, line[m], line[f"{m}_std"], line[f"{m}_n"]),
+                          "**" if line[f"{m}_best"] else "") for m in self.metrics]
+            cost = ["", ""] if ref else [_num(line["cost_x_base"], "{:.2f}x"),
+                                         _num(line["compute_min"], "{:.1f} min")]
+            out.append([cell(line["entrant"], "*" if ref else ""), *shown, *cost, cell(line["note"])])
+        return out
+
+    def table_html(self) -> str:
+        """`table_text` as an HTML table: what a notebook shows and the report holds."""
+        rows = self.table_text("html")
+        head = "<tr>" + "".join(f"<th>{c}</th>" for c in rows[0]) + "</tr>"
+        body = ["<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows[1:]]
+        return "\n".join(["<table>", f"<thead>{head}</thead>", "<tbody>", *body, "</tbody>", "</table>"])
 
     def _note(self, r: Row) -> str:
         if r.flag:
@@ -533,7 +581,7 @@ class Verdict:
         `caption`, `plainly` leave them out), latex (a booktabs table) or csv (its numbers)."""
         if fmt == "csv":  # numbers, not the text of the cells
             return self.numbers().to_csv(index=False)
-        rows = self.table()
+        rows = self.table_text("md")
         if fmt == "latex":
             return _latex(rows, self.caption())
         lines = ["| " + " | ".join(rows[0]) + " |",
@@ -577,11 +625,11 @@ def _be(names: Sequence[str]) -> str:
     return "is" if len(names) == 1 else "are"
 
 
-def _show(c: Optional[Cell], metric: str = "") -> str:
-    if c is None or not math.isfinite(c.mean):
+def _show(metric: str, mean: float, std: float, n: int) -> str:
+    """A metric's cell as printed: `mean ± std (n)`, "–" without a value."""
+    if not math.isfinite(mean):
         return "–"
-    text = f"{_val(metric, c.mean)} ± {_val(metric, c.std)} ({c.n})"
-    return f"**{text}**" if c.bold else text
+    return f"{_val(metric, mean)} ± {_val(metric, std)} ({n})"
 
 
 def _num(v: float, fmt: str) -> str:
