@@ -44,9 +44,10 @@ AUGMENTATIONS: dict[str, type[Augmentation]] = {
 }
 MODALITIES = ("image", "vector")  # what an augmentation applies to unless its class says otherwise
 
-__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "DiffAug", "Encoder", "Method", "MoCo",
-           "MomentumObjective", "Objective", "OptimizerSpec", "SimCLR", "SimSiam", "StepInfo",
-           "build_method", "check_modality", "knobs", "modalities"]
+__all__ = ["AUGMENTATIONS", "BASES", "Augmentation", "Batch", "BYOL", "CLAE", "CoCor", "DiffAug", "Encoder",
+           "Method", "MoCo", "MomentumObjective", "NRCC", "Objective", "OptimizerSpec", "PiNDA",
+           "RandomNoise", "SimCL", "SimCLR", "SimSiam", "StepInfo", "build_method", "check_modality", "knobs",
+           "modalities"]
 
 
 def modalities(name: str) -> tuple[str, ...]:

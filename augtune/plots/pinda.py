@@ -1,5 +1,4 @@
-"""PiNDA's noise grid (paper Figs. 1 and 4): originals, the learned Sigma (and mu), a sampled noise,
-x + noise.
+"""PiNDA's noise grid (paper Figs. 1 and 4): originals, learned Sigma and mu, a noise, x + noise.
 
 One PNG per run, `pinda_noise_<label>.png`: a column per test image (the first of each class, up to
 eight), rows original / Sigma (or u) / mu when learned / noise / x + noise. Sigma and the noise are
