@@ -4,8 +4,7 @@ The Python API (`augtune.api`, for notebooks and scripts): `config_from`, `train
 `compare`, `resume`, `load` and the objects they return. `import augtune` loads neither torch nor Ray:
 each function imports what it needs when called.
 """
-__version__ = "0.4.0"
-
-from augtune.api import Experiment, Run, compare, config_from, load, resume, search, train  # noqa: E402
+from augtune.api import Experiment, Run, compare, config_from, load, resume, search, train
+from augtune.version import __version__
 
 __all__ = ["Experiment", "Run", "__version__", "compare", "config_from", "load", "resume", "search", "train"]

@@ -175,7 +175,7 @@ class Experiment:
 
     @property
     def is_compare(self) -> bool:
-        from augtune.search.compare import is_compare
+        from augtune.records import is_compare
 
         with self._local() as folder:
             return is_compare(str(folder))
@@ -243,7 +243,7 @@ class Experiment:
         search's: its own); `which`: part of the figure's name when the kind draws several (`"parallel"`
         of `search`'s history, parallel coordinates and importances), default the first."""
         from augtune.analysis import find_records
-        from augtune.analysis.compare import is_compare
+        from augtune.records import is_compare
         from augtune.config import ConfigError
         from augtune.plots import PlotError, figure, load_run
 
@@ -270,7 +270,7 @@ class Experiment:
         """(the `Best` of the experiment in `folder`, the verdict of `metric` that chose it; None for a
         search)."""
         from augtune.analysis import find_records
-        from augtune.analysis.compare import is_compare
+        from augtune.records import is_compare
         from augtune.config import ConfigError
         from augtune.records import LOWER_IS_BETTER, is_uri, read_record
 
@@ -303,7 +303,8 @@ class Experiment:
     def _goal(self, folder: Path) -> tuple[str, str]:
         """The metric the experiment searched and its mode (a compare's first metric: maximised, or
         minimised where lower is better)."""
-        from augtune.analysis.compare import compare_settings, is_compare
+        from augtune.analysis.compare import compare_settings
+        from augtune.records import is_compare
         from augtune.records import LOWER_IS_BETTER, read_search_file
 
         if is_compare(folder):
@@ -314,7 +315,7 @@ class Experiment:
 
     def _repr_markdown_(self) -> str:
         from augtune.analysis import find_records
-        from augtune.analysis.compare import is_compare
+        from augtune.records import is_compare
 
         with self._local() as folder:
             compare = is_compare(folder)
@@ -657,7 +658,8 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     """Continue an interrupted search or compare (`augtune resume`); a finished one is returned as it is."""
     from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
-    from augtune.search.compare import is_compare, load_compare, run_compare
+    from augtune.records import is_compare
+    from augtune.search.compare import load_compare, run_compare
     from augtune.search.experiment import is_finished
     from augtune.search.launch import hold_to_loopback
 

@@ -24,7 +24,7 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from augtune import __version__
+    from augtune.version import __version__
 
     p = argparse.ArgumentParser(prog="augtune", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"augtune {__version__}")
@@ -293,7 +293,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from augtune.config import ConfigError
     from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
-    from augtune.search.compare import is_compare, load_compare, run_compare
+    from augtune.records import is_compare
+    from augtune.search.compare import load_compare, run_compare
     from augtune.search.experiment import is_finished
     from augtune.search.storage import is_uri
 
@@ -391,7 +392,7 @@ def _compare_verdict(exp_dir: str) -> None:
 
 def cmd_importance(args: argparse.Namespace) -> int:
     """Hyperparameter importances of a search, or of each entrant of a compare experiment."""
-    from augtune.analysis.compare import is_compare
+    from augtune.records import is_compare
     from augtune.analysis.importance import format_importances, importances
     from augtune.records import SEARCH_FILE, read_record, read_search_file
 

@@ -69,7 +69,7 @@ def _versions() -> tuple:
         except metadata.PackageNotFoundError:
             out[dist] = None
     if out["augtune"] is None:  # running from a checkout that is not installed
-        from augtune import __version__
+        from augtune.version import __version__
 
         out["augtune"] = __version__
     return tuple(out.items())
@@ -179,6 +179,11 @@ class RunRecord:
 
 class LinkRefused(OSError):
     """A file augtune would write is a symbolic link: refused, so a planted link never redirects a write."""
+
+
+def is_compare(exp_dir) -> bool:
+    """Whether the local folder `exp_dir` holds a compare experiment (its COMPARE_FILE)."""
+    return (Path(exp_dir) / COMPARE_FILE).is_file()
 
 
 @contextlib.contextmanager

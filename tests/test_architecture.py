@@ -246,3 +246,23 @@ def test_relative_imports_resolve_against_the_importing_module(tmp_path):
     package.write_text("from .launch import run_search\nfrom ..data import formats\n")
     assert imports("augtune.search.launch", module) == {"augtune.search.plan", "augtune.config"}
     assert imports("augtune.search", package) == {"augtune.search.launch", "augtune.data.formats"}
+
+
+def test_the_version_is_written_once_in_a_module_that_imports_nothing():
+    """pyproject.toml reads `augtune.version.__version__`; nothing else writes a version."""
+    import ast
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+    import augtune
+    from augtune import version
+
+    tree = ast.parse(Path(version.__file__).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "augtune.version.__version__"}
+    assert augtune.__version__ == version.__version__
+    writes = [p for p in (ROOT / "augtune").rglob("*.py") if "__version__ =" in p.read_text()]
+    assert writes == [Path(version.__file__)]

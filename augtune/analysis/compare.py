@@ -21,10 +21,6 @@ class Answer:
     race: Optional[RaceState] = None
 
 
-def is_compare(exp_dir) -> bool:
-    return (Path(exp_dir) / COMPARE_FILE).is_file()
-
-
 def compare_settings(exp_dir) -> dict:
     from augtune.config import safe_load
 

@@ -71,7 +71,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _write(text, out, "the schedule")
     if getattr(args, "trial", None):
         raise AnalysisError("--trial: names the trial whose schedule --schedule exports; add --schedule")
-    from augtune.analysis.compare import answer, is_compare
+    from augtune.analysis.compare import answer
+    from augtune.records import is_compare
 
     if len(args.paths) == 1 and is_compare(args.paths[0]):  # a compare experiment: its verdict table
         text = answer(args.paths[0], write=False).verdict.render(args.format)

@@ -439,7 +439,7 @@ _NOT_CONTENT = ("shared", "shared_dir", "workers", "download", "cache")
 def _shared_key(cfg: DatasetConfig, files: list[Path]) -> str:
     """`<name>-<hash>` of everything the data depends on: the config's content keys, the source files'
     paths, sizes and modification times, and the package's version and cache format."""
-    from augtune import __version__
+    from augtune.version import __version__
 
     h = hashlib.sha256()
     settings = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_CONTENT}

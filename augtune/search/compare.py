@@ -667,5 +667,3 @@ def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
     return ComparePlan(cfg, str(folder), tuple(plans), labels, modality, epochs=epochs)
 
 
-def is_compare(exp_dir: str) -> bool:
-    return (Path(exp_dir) / COMPARE_FILE).is_file()
