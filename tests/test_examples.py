@@ -9,7 +9,8 @@ from augtune.checks import check_config
 from augtune.config import load_config
 from augtune.plots import PLOTS
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+_ROOT = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = sorted([*_ROOT.glob("*.yaml"), *_ROOT.glob("papers/*.yaml")])  # cluster/: Kubernetes manifests
 # Debian's dataset-fashion-mnist; CI installs it (.ci/run), a fresh machine may not have it
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
