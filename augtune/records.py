@@ -38,6 +38,51 @@ VAL_PREFIX = "val_"
 LABEL_FREE = frozenset({"rankme", "alignment", "uniformity"})
 LOWER_IS_BETTER = frozenset({"alignment", "uniformity"})
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # metrics in [0, 1], shown in % (points)
+# A record's fields, in the order the docs list them: (when a record has it, what it holds). The docs hook
+# (docs/hooks/tables.py) writes the table from this and stops the build when the fields the code writes
+# into a record differ from these.
+RECORD_FIELDS: dict[str, tuple[str, str]] = {
+    "format": ("every run", "`augtune.record/1`: what a reader checks before anything else"),
+    "status": ("every run", "`running`, `completed`, `failed`, `interrupted`, or `stopped` early by a "
+                            "scheduler"),
+    "error": ("every run", "why it failed (null otherwise)"),
+    "method": ("every run", "the label, e.g. `simclr`, `byol+pinda`"),
+    "entrant": ("every run", "the row a compare counts it in: the label, unless the compare names the "
+                             "entrant otherwise (`simclr+cocor@pbt`)"),
+    "dataset": ("every run", "the data set it trained on"),
+    "seed": ("every run", "its seed"),
+    "rows": ("every run", "the labelled training rows, the held-out rows it was scored on, and the "
+                          "unlabelled rows it also trained on (`train`, `test`, `unlabeled`)"),
+    "config": ("every run", "the resolved config (a PBT copy's with the `schedule` it trained under)"),
+    "versions": ("every run", "the versions of Python and of augtune's main packages that ran it"),
+    "git_revision": ("every run", "the commit of the code that ran (`+dirty` with uncommitted changes)"),
+    "host": ("every run", "the machine's name"),
+    "process": ("every run", "the id of the process that ran it last"),
+    "started": ("every run", "when it started (UTC, ISO 8601)"),
+    "finished": ("every run", "when it ended (null while it runs)"),
+    "epochs": ("every run", "the metrics of every epoch, each with its `epoch` (from 1)"),
+    "final": ("every run", "the final metrics: the evaluation and the method's last diagnostics"),
+    "references": ("every run", "the `raw` and `random-init` rows"),
+    "seconds": ("every run", "wall seconds by part of the run (set-up, training, evaluation, ...), over "
+                             "every process that ran it"),
+    "cpu_seconds": ("every run", "the same in CPU seconds"),
+    "max_rss_mb": ("every run", "the peak memory of the process that ran it, in MB"),
+    "resumed_with": ("a resumed run", "each raise of `train.epochs` a resume made: old and new value, "
+                                      "and the epoch"),
+    "params": ("a search's trial", "its sampled {dotted key: value}; a repeat run's whole parameter set"),
+    "phase": ("a search's trial", "`search` or `repeat`"),
+    "trial": ("a search's trial", "its folder's name, as Tune names the trial"),
+    "checkpoints": ("a search's trial", "where Tune keeps its checkpoints, relative to its folder, when "
+                                        "that is elsewhere"),
+    "nodes": ("a search's trial", "the Ray node of each of its (re)starts"),
+    "candidate": ("a race's repeat run", "the candidate it is a run of (`entrant#rank`)"),
+    "round": ("a race's repeat run", "the round of the race that gave it out"),
+    "lineage": ("a PBT trial", "the copies it descends from: `epoch`, `trial`, `from`"),
+    "exploits": ("a PBT trial", "how many times it copied another trial"),
+    "figures": ("a run that drew figures", "the files drawn at its end, relative to its folder"),
+    "figure_errors": ("a run that drew figures", "each figure that failed, by kind, with the reason"),
+}
+
 # in a Tune trial's parameters: which of several searches sharing one Tune run it belongs to (a compare's
 # entrant), and a repeat run of a search's best (its whole parameter set)
 ENTRANT = "_entrant"

@@ -93,9 +93,11 @@ def test_the_figure_kinds_are_exactly_plots_with_the_methods_that_draw_them(hook
 
 
 def test_the_record_fields_are_exactly_the_keys_the_code_writes(hook):
+    from augtune.records import RECORD_FIELDS
+
     written = hook.written_fields(ROOT)
-    assert names(hook.fields_markdown(ROOT)) == hook.record_fields(ROOT) == list(hook.FIELDS)
-    assert set(hook.FIELDS) == written
+    assert names(hook.fields_markdown(ROOT)) == hook.record_fields(ROOT) == list(RECORD_FIELDS)
+    assert set(RECORD_FIELDS) == written and hook.described_fields(ROOT) == RECORD_FIELDS
     # where each kind of run adds its own: a search's trial, a race, PBT, a resume, the figures
     assert {"params", "phase", "trial", "nodes", "candidate", "round", "lineage", "exploits", "resumed_with",
             "figures", "figure_errors", "seconds", "cpu_seconds"} <= written
@@ -103,18 +105,19 @@ def test_the_record_fields_are_exactly_the_keys_the_code_writes(hook):
 
 def test_a_record_a_run_writes_holds_only_described_fields(hook, tmp_path):
     import augtune
+    from augtune.records import RECORD_FIELDS
     from conftest import TINY_MLP
 
     run = augtune.train({"dataset": {"name": "digits", "as_vectors": True, "max_train": 128, "max_test": 64},
                          "model": TINY_MLP, "train": {"epochs": 1, "batch_size": 64, "num_threads": 1},
                          "eval": {"metrics": ["knn"]}}, out=tmp_path / "run")
     assert run.record["status"] == "completed"
-    assert set(run.record) <= set(hook.FIELDS), sorted(set(run.record) - set(hook.FIELDS))
+    assert set(run.record) <= set(RECORD_FIELDS), sorted(set(run.record) - set(RECORD_FIELDS))
     assert {"format", "rows", "references", "seconds", "max_rss_mb"} <= set(run.record)
 
 
 def test_the_field_finder_reads_every_way_a_writer_sets_a_key(hook):
-    """A rename in any of these forms changes what the docs list (and the build stops until `FIELDS`
+    """A rename in any of these forms changes what the docs list (and the build stops until `RECORD_FIELDS`
     describes the new name)."""
     source = '''
 def new_record():

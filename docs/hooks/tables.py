@@ -9,9 +9,9 @@ name changed in the code changes the page (or stops the build, saying which name
 - the figure kinds (`docs/reference/evaluation.md`), from `PLOTS` in augtune/plots/__init__.py: each
   kind's module docstring (its help) and the methods that draw it at the end of a run;
 - the fields of a run's `record.json` (the same page): the names are those the code writes into a
-  record (found below, in `WRITERS`); what each holds is said once, in `FIELDS`. A field the code
-  writes that `FIELDS` does not describe, or one it describes that the code no longer writes, stops
-  the build with its name;
+  record (found below, in `WRITERS`); what each holds is said once, in
+  `augtune.records.RECORD_FIELDS`. A field the code writes that `RECORD_FIELDS` does not describe, or
+  one it describes that the code no longer writes, stops the build with its name;
 - the code reference of those classes (`docs/reference/methods.md`): one mkdocstrings directive per
   registered class, so that every class the tables and the method pages cross-reference is rendered.
 
@@ -41,48 +41,6 @@ FIELDS_MARKER = ("reference/evaluation.md", "<!-- augtune:record-fields -->")
 BASE_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:base-classes -->")
 METHOD_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:method-classes -->")
 
-# A record's fields, in the order the table lists them: (when a record has it, what it holds).
-FIELDS: dict[str, tuple[str, str]] = {
-    "format": ("every run", "`augtune.record/1`: what a reader checks before anything else"),
-    "status": ("every run", "`running`, `completed`, `failed`, `interrupted`, or `stopped` early by a "
-                            "scheduler"),
-    "error": ("every run", "why it failed (null otherwise)"),
-    "method": ("every run", "the label, e.g. `simclr`, `byol+pinda`"),
-    "entrant": ("every run", "the row a compare counts it in: the label, unless the compare names the "
-                             "entrant otherwise (`simclr+cocor@pbt`)"),
-    "dataset": ("every run", "the data set it trained on"),
-    "seed": ("every run", "its seed"),
-    "rows": ("every run", "the labelled training rows, the held-out rows it was scored on, and the "
-                          "unlabelled rows it also trained on (`train`, `test`, `unlabeled`)"),
-    "config": ("every run", "the resolved config (a PBT copy's with the `schedule` it trained under)"),
-    "versions": ("every run", "the versions of Python and of augtune's main packages that ran it"),
-    "git_revision": ("every run", "the commit of the code that ran (`+dirty` with uncommitted changes)"),
-    "host": ("every run", "the machine's name"),
-    "process": ("every run", "the id of the process that ran it last"),
-    "started": ("every run", "when it started (UTC, ISO 8601)"),
-    "finished": ("every run", "when it ended (null while it runs)"),
-    "epochs": ("every run", "the metrics of every epoch, each with its `epoch` (from 1)"),
-    "final": ("every run", "the final metrics: the evaluation and the method's last diagnostics"),
-    "references": ("every run", "the `raw` and `random-init` rows"),
-    "seconds": ("every run", "wall seconds by part of the run (set-up, training, evaluation, ...), over "
-                             "every process that ran it"),
-    "cpu_seconds": ("every run", "the same in CPU seconds"),
-    "max_rss_mb": ("every run", "the peak memory of the process that ran it, in MB"),
-    "resumed_with": ("a resumed run", "each raise of `train.epochs` a resume made: old and new value, "
-                                      "and the epoch"),
-    "params": ("a search's trial", "its sampled {dotted key: value}; a repeat run's whole parameter set"),
-    "phase": ("a search's trial", "`search` or `repeat`"),
-    "trial": ("a search's trial", "its folder's name, as Tune names the trial"),
-    "checkpoints": ("a search's trial", "where Tune keeps its checkpoints, relative to its folder, when "
-                                        "that is elsewhere"),
-    "nodes": ("a search's trial", "the Ray node of each of its (re)starts"),
-    "candidate": ("a race's repeat run", "the candidate it is a run of (`entrant#rank`)"),
-    "round": ("a race's repeat run", "the round of the race that gave it out"),
-    "lineage": ("a PBT trial", "the copies it descends from: `epoch`, `trial`, `from`"),
-    "exploits": ("a PBT trial", "how many times it copied another trial"),
-    "figures": ("a run that drew figures", "the files drawn at its end, relative to its folder"),
-    "figure_errors": ("a run that drew figures", "each figure that failed, by kind, with the reason"),
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,15 +275,23 @@ def written_fields(root: Path = ROOT) -> set[str]:
     return set().union(*(_written(_parse(root, path)) for path in WRITERS))
 
 
+def described_fields(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """`augtune.records.RECORD_FIELDS`, read with `ast` (a literal: nothing of augtune is imported)."""
+    value = _assigned(_parse(root, Path("augtune/records.py")), "RECORD_FIELDS")
+    if value is None:
+        raise RuntimeError("docs/hooks/tables.py: augtune/records.py defines no RECORD_FIELDS")
+    return ast.literal_eval(value)
+
+
 def record_fields(root: Path = ROOT) -> list[str]:
-    """`FIELDS`' names, checked against the ones the code writes: a difference stops the build."""
-    code = written_fields(root)
-    if set(FIELDS) != code:
+    """`RECORD_FIELDS`' names, checked against the ones the code writes: a difference stops the build."""
+    code, described = written_fields(root), described_fields(root)
+    if set(described) != code:
         raise RuntimeError(
-            "docs/hooks/tables.py: FIELDS and the fields the code writes into record.json differ: "
-            f"written but not described {sorted(code - set(FIELDS))}, described but not written "
-            f"{sorted(set(FIELDS) - code)}")
-    return list(FIELDS)
+            "augtune/records.py: RECORD_FIELDS and the fields the code writes into record.json differ: "
+            f"written but not described {sorted(code - set(described))}, described but not written "
+            f"{sorted(set(described) - code)}")
+    return list(described)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,7 +344,8 @@ def figures_markdown(root: Path = ROOT) -> str:
 
 def fields_markdown(root: Path = ROOT) -> str:
     rows = ["| field | in | what |", "| --- | --- | --- |"]
-    rows += [f"| `{name}` | {FIELDS[name][0]} | {FIELDS[name][1]} |" for name in record_fields(root)]
+    described = described_fields(root)
+    rows += [f"| `{name}` | {described[name][0]} | {described[name][1]} |" for name in record_fields(root)]
     return "\n".join(rows)
 
 
