@@ -270,14 +270,13 @@ class Experiment:
         """(the `Best` of the experiment in `folder`, the verdict of `metric` that chose it; None for a
         search)."""
         from augtune.analysis import find_records
-        from augtune.records import is_compare
         from augtune.config import ConfigError
-        from augtune.records import LOWER_IS_BETTER, is_uri, read_record
+        from augtune.records import is_compare, is_uri, mode_of, read_record
 
         goal, mode = self._goal(folder)
         metric = metric or goal
         if metric != goal:
-            mode = "min" if metric in LOWER_IS_BETTER else "max"
+            mode = mode_of(metric)
         repeat = [(p, r) for p in self._paths(folder, "repeat", find_records)
                   if (r := _read(p, read_record)) is not None]
         search = [(p, r) for p in self._paths(folder, "search", find_records)
@@ -304,12 +303,11 @@ class Experiment:
         """The metric the experiment searched and its mode (a compare's first metric: maximised, or
         minimised where lower is better)."""
         from augtune.analysis.compare import compare_settings
-        from augtune.records import is_compare
-        from augtune.records import LOWER_IS_BETTER, read_search_file
+        from augtune.records import is_compare, mode_of, read_search_file
 
         if is_compare(folder):
             first = tuple(compare_settings(folder).get("compare", {}).get("metrics") or ("knn_acc",))[0]
-            return first, "min" if first in LOWER_IS_BETTER else "max"
+            return first, mode_of(first)
         search = read_search_file(folder)["config"]["search"]
         return search["metric"], search["mode"]
 
@@ -501,8 +499,6 @@ def _best(runs: list, metric: str, searched: set, local: bool) -> Best:
                 "val" if metric.startswith(VAL_PREFIX) or on == "val" else "test", params,
                 {r.get("seed"): x for (_, r), x in zip(runs, values)}, from_dict(first["config"]),
                 tuple(Run(p.parent, r) for p, r in runs) if local else ())
-
-
 
 
 def _shown(metric: str, value: Any) -> str:

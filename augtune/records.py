@@ -37,6 +37,13 @@ VAL_PREFIX = "val_"
 # the metrics that read no label (augtune.eval.label_free), and those of them where lower is better
 LABEL_FREE = frozenset({"rankme", "alignment", "uniformity"})
 LOWER_IS_BETTER = frozenset({"alignment", "uniformity"})
+
+
+def mode_of(metric: str) -> str:
+    """The direction that improves `metric`: "min" for a lower-is-better one, else "max"."""
+    return "min" if metric in LOWER_IS_BETTER else "max"
+
+
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # metrics in [0, 1], shown in % (points)
 # A record's fields, in the order the docs list them: (when a record has it, what it holds). The docs hook
 # (docs/hooks/tables.py) writes the table from this and stops the build when the fields the code writes

@@ -10,7 +10,7 @@ from augtune.analysis.importance import format_importances, importances
 from augtune.analysis.race import RaceState, failed_candidates, race_settings, replay
 from augtune.analysis.report import write_report
 from augtune.analysis.verdict import Verdict, flagged_candidates, load_compare_records, verdict
-from augtune.records import COMPARE_FILE, LOWER_IS_BETTER, REPORT_FILE
+from augtune.records import COMPARE_FILE, REPORT_FILE, mode_of
 
 
 @dataclass
@@ -53,7 +53,7 @@ def answer(exp_dir, write: bool = True) -> Answer:
     groups: dict[str, list[dict]] = {}
     for r in search:
         groups.setdefault(r.get("entrant") or r["method"], []).append(r)
-    mode = "min" if metrics[0] in LOWER_IS_BETTER else "max"
+    mode = mode_of(metrics[0])
     imps = {name: format_importances(name, importances(records, metrics[0], mode))
             for name, records in sorted(groups.items())}
     title = f"augtune compare: {exp_dir.name}"

@@ -65,7 +65,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from augtune.analysis import stats
-from augtune.records import FRACTION_SUFFIXES, LOWER_IS_BETTER, VAL_PREFIX
+from augtune.records import FRACTION_SUFFIXES, VAL_PREFIX, mode_of
 
 FORMAT = "augtune.race/1"
 RACE_FILE = "race.json"  # in a compare experiment's folder: the latest snapshot of its race
@@ -129,7 +129,7 @@ def race_settings(compare: Mapping, train_seed: int, metric: Optional[str] = Non
     margin = compare.get("margin")
     return RaceSettings(metric, tuple(int(train_seed) + i for i in range(1, hi + 1)),
                         int(race.get("min_seeds", 3)), float(compare.get("alpha", 0.05)),
-                        float(margin) if margin else None, "min" if first in LOWER_IS_BETTER else "max")
+                        float(margin) if margin else None, mode_of(first))
 
 
 @dataclass

@@ -30,8 +30,8 @@ import yaml
 
 from augtune.config import SCHEDULES, SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import (
-    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, LOWER_IS_BETTER, REPEAT, ROUND,
-    SEARCH_FILE,
+    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
+    mode_of,
 )
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
@@ -108,7 +108,7 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
         # TPE would credit a PBT trial's last score to its first values: a population starts at random
         "search.algorithm": "random" if entrant.scheduler in SCHEDULES else "optuna",
         "search.num_samples": c.trials, "search.metric": c.metrics[0],
-        "search.mode": "min" if c.metrics[0] in LOWER_IS_BETTER else "max",
+        "search.mode": mode_of(c.metrics[0]),
         "search.scheduler": entrant.scheduler,
         "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
     }
