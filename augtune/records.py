@@ -45,6 +45,7 @@ def mode_of(metric: str) -> str:
 
 
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # metrics in [0, 1], shown in % (points)
+
 # A record's fields, in the order the docs list them: (when a record has it, what it holds). The docs hook
 # (docs/hooks/tables.py) writes the table from this and stops the build when the fields the code writes
 # into a record differ from these.
