@@ -472,3 +472,24 @@ def test_view_fraction_gives_composites_to_that_part_of_the_batch(digits):
     x0, views, counts = aug._meta
     assert x0.shape[0] == 16 and views.shape[0] == 32 and counts.shape == (32, len(aug.ops))
     assert torch.isfinite(terms["consistent"])
+
+
+def test_a_run_with_the_mmnn_prints_no_warning_of_torchs_own(tmp_path):
+    """torch's first forward-mode dual scripts its decompositions with the deprecated torch.jit.script; the
+    FutureWarning it raises is torch's, not the user's: a fresh process (the warning fires once per process)
+    run with warnings as errors trains CoCor's MMNN in forward mode to the end."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "augtune.cli", "train", "examples/cocor_moco_digits.yaml", "--out",
+         str(tmp_path / "run"), "--set", "train.epochs=1", "--set", "dataset.max_train=256", "--set",
+         "model.width=4", "--set", "eval.metrics=[knn]", "--set", "eval.references=false", "--set",
+         "eval.figures=[]", "--set", "cocor.meta=forward_mode"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "error::FutureWarning"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Warning" not in out.stderr

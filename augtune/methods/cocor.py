@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -345,8 +346,13 @@ class CoCor(Augmentation):
         theta = objective.encoder_parameters()
         kind, d_params = self.cfg.cocor.consistency, list(self.mmnn.parameters())
         with torch.no_grad(), fwAD.dual_level():  # no_grad: forward mode needs no graph
-            duals = {n: fwAD.make_dual(p.detach(), ui.to(p.dtype))
-                     for (n, p), ui in zip(theta.items(), u)}
+            with warnings.catch_warnings():  # torch's first make_dual scripts its own decompositions with
+                # torch.jit.script, which warns that it is deprecated: torch's use, not ours, on the console
+                # of every run (before --plan's first line, with a time budget)
+                warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated",
+                                        category=FutureWarning)
+                duals = {n: fwAD.make_dual(p.detach(), ui.to(p.dtype))
+                         for (n, p), ui in zip(theta.items(), u)}
             sim, ju = fwAD.unpack_dual(
                 self.latent_similarity(objective, x0, views, z0=z0, params=duals))
         sim = sim.detach().requires_grad_(True)  # (L, m) at theta_e
