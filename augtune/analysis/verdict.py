@@ -1126,15 +1126,3 @@ def load_compare_records(exp_dir) -> tuple[list[dict], list[dict]]:
     search = [p for p in exp.glob("*/*/record.json") if p.parent.parent.name != COMPARE_REPEAT]
     return read(exp.glob(f"{COMPARE_REPEAT}/*/record.json")), read(search)
 
-
-def frame(rows: list[Row], metrics: tuple[str, ...]) -> pd.DataFrame:
-    """The verdict as a DataFrame (one row per entrant), for the report and for users' own
-    plots."""
-    return pd.DataFrame([{"entrant": r.entrant, "candidate": r.candidate,
-                          **{f"{m}_mean": r.cells[m].mean for m in metrics if m in r.cells},
-                          **{f"{m}_std": r.cells[m].std for m in metrics if m in r.cells},
-                          **{f"{m}_n": r.cells[m].n for m in metrics if m in r.cells},
-                          **{f"{m}_bold": r.cells[m].bold for m in metrics if m in r.cells},
-                          "epoch_time_s": r.epoch_time, "relative_cost": r.relative_cost,
-                          "flag": r.flag, "semi_supervised": r.semi, "race": r.race_note}
-                         for r in rows])
