@@ -1125,4 +1125,3 @@ def load_compare_records(exp_dir) -> tuple[list[dict], list[dict]]:
     exp = Path(exp_dir)  # each entrant's search records are in <exp>/<entrant>/<trial>/
     search = [p for p in exp.glob("*/*/record.json") if p.parent.parent.name != COMPARE_REPEAT]
     return read(exp.glob(f"{COMPARE_REPEAT}/*/record.json")), read(search)
-
