@@ -169,6 +169,9 @@ class TrainConfig:
     # `augtune train`, 5min for a search's trials (a checkpoint of a short epoch can cost more than the epoch)
     checkpoint_every: Union[int, str, None] = _f(None, min=0)
     num_threads: Optional[int] = _f(None, min=1)  # torch intra-op threads; None: torch's choice
+    # knobs (dotted keys) recorded per epoch beside the ones `schedule` sets; a PBT search's trials get the
+    # keys PBT mutates here (`search.pbt.mutate`), so that their record keeps the values each epoch used
+    track: tuple[str, ...] = ()
     # GPU switches, the same training up to rounding (tested on the CPU; their speed-up measured on a GPU):
     channels_last: bool = False  # images in NHWC memory order: faster convolutions on tensor cores
     # torch.compile of the backbone (nn.Module.compile: checkpoints keep their keys); true is torch's default
@@ -735,7 +738,13 @@ def _validate_step(step: ScheduleStep, prefix: str) -> None:
 
 
 def _validate_schedule(cfg: Config) -> None:
-    """Steps at increasing epochs within the run."""
+    """Steps at increasing epochs within the run; the knobs `train.track` records are config keys."""
+    for i, key in enumerate(cfg.train.track):
+        try:
+            key_field(key)
+        except KeyError:
+            raise ConfigError(f"train.track[{i}]: {key[:120]!r} is not a config key (a dotted key such as "
+                              "train.lr)") from None
     last = 0
     for i, step in enumerate(cfg.schedule):
         if step.epoch <= last:
@@ -1012,6 +1021,7 @@ _NOT_WHAT_RUNS = ("search.", "compare.", "resources.")
 _NOT_WHAT_KEYS = frozenset({
     "dataset.download", "dataset.cache", "dataset.workers", "dataset.shared", "dataset.shared_dir",
     "train.device", "train.num_threads", "train.checkpoint_every", "train.channels_last", "train.compile",
+    "train.track",
     "eval.every", "eval.epoch_metrics", "eval.metrics", "eval.references", "eval.batch_size", "eval.at",
     "eval.monitor_size", "eval.reference_cache", "eval.figures"})
 

@@ -46,6 +46,16 @@ def mode_of(metric: str) -> str:
 
 FRACTION_SUFFIXES = ("_acc", "_nmi", "_ari")  # metrics in [0, 1], shown in % (points)
 
+
+def searched_schedule(config: Any) -> bool:
+    """Whether a config as written (a record's `config`, a search file's) is a trial of a population
+    scheduler (PBT, PB2: its values are a schedule, not constants). Of a typed config:
+    `augtune.search.schedulers.scheduling(cfg).population`."""
+    from augtune.config import SCHEDULES
+
+    search = config.get("search") if isinstance(config, dict) else None
+    return isinstance(search, dict) and search.get("scheduler") in SCHEDULES
+
 # A record's fields, in the order the docs list them: (when a record has it, what it holds). The docs hook
 # (docs/hooks/tables.py) writes the table from this and stops the build when the fields the code writes
 # into a record differ from these.

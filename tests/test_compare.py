@@ -59,7 +59,7 @@ def test_a_method_is_entered_once_per_scheduler_a_schedule_against_a_constant(tm
     assert load_config(None, ["compare.scheduler=none"]).compare.scheduler == ("none",)  # one, as before
     # Tune keeps one number of checkpoints for the run: a PBT entrant's donors must outlive their copies
     from augtune.search.compare import kept, plan_compare
-    from augtune.search.launch import PBT_CHECKPOINTS
+    from augtune.search.schedulers import PBT_CHECKPOINTS
 
     vectors = load_config(None, ["compare.methods=[pinda]", "compare.scheduler=[asha, pbt]",
                                  "dataset.as_vectors=true", "train.epochs=4"])

@@ -197,6 +197,7 @@ def trial_cfg(base: str, augment: str, epochs: int = 3, **changes):
     data = to_dict(contract_cfg(base, augment))
     data["train"].update(epochs=epochs, checkpoint_every=1)
     data["search"].update(scheduler="pbt", algorithm="random", pbt={"interval": 1, "mutate": ["train.lr"]})
+    data["train"]["track"] = ["train.lr"]  # what the plan writes for a PBT trial (`trial_base`)
     for key, value in changes.items():
         section, name = key.split("__")
         data[section][name] = value
@@ -251,7 +252,7 @@ def test_an_exploit_applies_the_new_values_from_the_next_epoch_and_the_record_ke
 
     def cfg(penalty, lr):
         c = to_dict(trial_cfg("simclr", "pinda", epochs=4))
-        c["search"]["pbt"]["mutate"] = keys
+        c["search"]["pbt"]["mutate"] = c["train"]["track"] = keys  # the plan tracks what PBT mutates
         c["pinda"]["penalty"], c["train"]["lr"] = penalty, lr
         return from_dict(c)
 
@@ -587,11 +588,3 @@ def test_a_paused_trial_least_far_along_runs_first_so_a_donor_is_not_starved_by_
     assert sched.choose_trial_to_run(controller) is fresh
     trials = [trial(Trial.RUNNING, 3), trial(Trial.TERMINATED, 6)]
     assert sched.choose_trial_to_run(controller) is None
-
-
-def test_a_pbt_search_hands_tune_its_whole_population_and_a_tpe_search_its_slots():
-    from augtune.search.pbt import live_trials
-
-    pbt = from_dict({**PBT, "search": {**PBT["search"], "num_samples": 8}})
-    assert live_trials(pbt, 2) == 8 and live_trials(pbt, 16) == 16
-    assert live_trials(from_dict({"search": {"num_samples": 8}}), 2) == 2

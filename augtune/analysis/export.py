@@ -100,17 +100,19 @@ def schedule_config(paths: list[Path], trial: str | None = None, metric: str = "
     import yaml
 
     from augtune.analysis.frame import AnalysisError, find_records
-    from augtune.config import SCHEDULES, ConfigError, from_dict, to_dict
-    from augtune.records import REPEAT_DIR, SEARCH_FILE, knob_schedule, read_json, read_search_file
+    from augtune.config import ConfigError, from_dict, to_dict
+    from augtune.records import (REPEAT_DIR, SEARCH_FILE, knob_schedule, read_json, read_search_file,
+                                 searched_schedule)
 
     mode = "max"
     metric = metric.split(",")[0]
     records: list[tuple[Path, dict]] = []
     for path in paths:
         if (Path(path) / SEARCH_FILE).is_file():
-            search = read_search_file(Path(path))["config"]["search"]
+            config = read_search_file(Path(path))["config"]
+            search = config["search"]
             metric, mode = search["metric"], search["mode"]
-            if search.get("scheduler") not in SCHEDULES:
+            if not searched_schedule(config):
                 raise AnalysisError(f"--schedule: {path} was searched with scheduler "
                                     f"{search.get('scheduler')}, so each trial trained under constant "
                                     f"values: there is no schedule to replay (its best configuration is "

@@ -21,8 +21,8 @@ import numpy as np
 
 from augtune.analysis.race import RaceState
 from augtune.analysis.verdict import Verdict
-from augtune.config import SCHEDULES
-from augtune.records import COMPARE_REPEAT, FRACTION_SUFFIXES, RECORD_FILE, REPORT_FILE, write_atomic
+from augtune.records import (COMPARE_REPEAT, FRACTION_SUFFIXES, RECORD_FILE, REPORT_FILE, searched_schedule,
+                             write_atomic)
 
 
 def _png(fig) -> str:
@@ -218,7 +218,7 @@ def _schedule_figures(search: list[dict]) -> list[str]:
 
     groups: dict[str, list] = {}
     for r in search:
-        if ((r.get("config") or {}).get("search") or {}).get("scheduler") in SCHEDULES:
+        if searched_schedule(r.get("config")):
             groups.setdefault(str(r.get("entrant") or r.get("method")), []).append(r)
     out = []
     for name, records in groups.items():

@@ -28,11 +28,12 @@ from typing import Callable, Optional
 
 import yaml
 
-from augtune.config import SCHEDULES, SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
+from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import (
     CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
     mode_of,
 )
+from augtune.search.schedulers import SCHEDULERS
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
 # keys the protocol holds equal for every entrant: no space may vary them
@@ -51,7 +52,7 @@ class Entrant:
     def label(self) -> str:
         """`simclr+pinda`; searched by PBT (a schedule, not a constant), `simclr+pinda@pbt`."""
         method = "+".join((self.base, *self.augment))
-        return f"{method}@{self.scheduler}" if self.scheduler in SCHEDULES else method
+        return f"{method}@{self.scheduler}" if SCHEDULERS[self.scheduler].population else method
 
     @property
     def space(self) -> str:
@@ -81,7 +82,7 @@ def entrants(cfg: Config, modality: str) -> list[Entrant]:
         raise ConfigError("compare.scheduler: name at least one (asha, none, pbt or pb2)")
     if len(set(c.scheduler)) != len(c.scheduler):
         raise ConfigError(f"compare.scheduler: lists one twice: {list(c.scheduler)}")
-    constant = [s for s in c.scheduler if s not in SCHEDULES]
+    constant = [s for s in c.scheduler if not SCHEDULERS[s].population]
     if len(constant) > 1:
         raise ConfigError(f"compare.scheduler: {' and '.join(constant)} both search constants; one method "
                           "entered twice would be two entrants of one label (name one of them)")
@@ -106,7 +107,7 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
         "method.base": entrant.base, "method.augment": list(entrant.augment),
         "search.space": entrant.space, "search.hold": list(dict.fromkeys([*HELD, *cfg.search.hold])),
         # TPE would credit a PBT trial's last score to its first values: a population starts at random
-        "search.algorithm": "random" if entrant.scheduler in SCHEDULES else "optuna",
+        "search.algorithm": "random" if SCHEDULERS[entrant.scheduler].population else "optuna",
         "search.num_samples": c.trials, "search.metric": c.metrics[0],
         "search.mode": mode_of(c.metrics[0]),
         "search.scheduler": entrant.scheduler,
@@ -341,8 +342,8 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     def start(conc: int, log: Callable[[str], None]):
         from augtune.search.experiment import optuna_storage
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
-        from augtune.search.pbt import is_pbt, live_trials
-        from augtune.search.searchers import scheduler, searcher
+        from augtune.search.schedulers import scheduling
+        from augtune.search.searchers import searcher
         from augtune.search.tune_internals import restorable
         from augtune.spaces import resolve_space
 
@@ -350,9 +351,9 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
         for p in plan.plans:
             space = resolve_space(p.cfg.search, p.modality)
             algorithm, constants = searcher(p.cfg, space, optuna_storage(p))
-            entrants[p.name] = (restorable(algorithm, live_trials(p.cfg, conc)), constants,
+            entrants[p.name] = (restorable(algorithm, scheduling(p.cfg).live_trials(p.cfg, conc)), constants,
                                 p.cfg.search.num_samples)
-            own = scheduler(p.cfg, space)  # PBT's perturbations: the entrant's own domains
+            own = scheduling(p.cfg).build(p.cfg, space)  # PBT's perturbations: the entrant's own domains
             if own is not None:
                 schedulers[p.name] = own
         then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
@@ -361,7 +362,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
         log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
             f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
         choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
-        populations = {p.name for p in plan.plans if is_pbt(p.cfg)}  # live whole, beside the limit
+        populations = {p.name for p in plan.plans if scheduling(p.cfg).population}  # live whole
         search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc, populations), choose, conc,
                                              EntrantsScheduler(schedulers))
         total = sum(p.cfg.search.num_samples for p in plan.plans)
@@ -382,9 +383,9 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
 def kept(cfg: Config, plan: ComparePlan) -> Config:
     """`cfg` keeping as many checkpoints per trial as its most demanding entrant needs (Tune keeps one
     number for the run): a PBT entrant's donor checkpoint must outlive its copy."""
-    from augtune.search.launch import checkpoints_kept
+    from augtune.search.schedulers import scheduling
 
-    most = max(checkpoints_kept(p.cfg) for p in plan.plans)
+    most = max(scheduling(p.cfg).checkpoints_kept(p.cfg) for p in plan.plans)
     return replace(cfg, search=replace(cfg.search, keep_checkpoints=most))
 
 
@@ -441,10 +442,10 @@ def replayed(record: dict) -> dict:
     """A search trial's parameters as the repeat runs them: a PBT trial's (its values at the end) with the
     `schedule:` of the values its epochs trained under, donors' epochs included (PBA's replay, from
     scratch on each new seed); two trials are one configuration only with the same schedule."""
-    from augtune.records import knob_schedule
+    from augtune.records import knob_schedule, searched_schedule
 
     params = dict(record.get("params") or {})
-    if ((record.get("config") or {}).get("search") or {}).get("scheduler") in SCHEDULES:
+    if searched_schedule(record.get("config")):
         params["schedule"] = knob_schedule(record.get("epochs") or [])
     return params
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from augtune.config import SCHEDULES, Config, ConfigError, to_dict
+from augtune.config import Config, ConfigError, to_dict
 from augtune.records import REPEAT_DIR, SEARCH_FILE
 from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
                                        clear_lost_start, mark_finished, optuna_storage,
@@ -174,15 +174,6 @@ def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
     return tune.with_resources(trainable, trial_resources(plan.cfg))
 
 
-# checkpoints kept per trial under PBT: a donor's checkpoint must outlive its copy (Tune warns at <= 2)
-PBT_CHECKPOINTS = 4
-
-
-def checkpoints_kept(cfg: Config) -> int:
-    pbt = cfg.search.scheduler in SCHEDULES
-    return max(cfg.search.keep_checkpoints, PBT_CHECKPOINTS) if pbt else cfg.search.keep_checkpoints
-
-
 def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
                 repeats: Optional[str] = None):
     """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
@@ -192,11 +183,12 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: O
 
     from augtune.search.callbacks import SettleRecords
     from augtune.search.loggers import logger_callbacks
+    from augtune.search.schedulers import scheduling
 
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(cfg)),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=scheduling(cfg).checkpoints_kept(cfg)),
         callbacks=[SettleRecords(folders, repeats),
                    *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
     )
@@ -341,9 +333,9 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
     def start(conc: int, log: Callable[[str], None]):
         from ray import tune
 
-        from augtune.search.pbt import live_trials
         from augtune.search.repeat import RepeatBest
-        from augtune.search.searchers import scheduler, searcher
+        from augtune.search.schedulers import scheduling
+        from augtune.search.searchers import searcher
         from augtune.search.tune_internals import restorable
         from augtune.spaces import resolve_space
 
@@ -358,8 +350,9 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
             + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
                + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
         # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
-        search_alg, sched = search_algorithm(restorable(algorithm, live_trials(cfg, conc)),
-                                             RepeatBest(to_dict(cfg)), conc, scheduler(cfg, space))
+        own = scheduling(cfg)
+        search_alg, sched = search_algorithm(restorable(algorithm, own.live_trials(cfg, conc)),
+                                             RepeatBest(to_dict(cfg)), conc, own.build(cfg, space))
         return tune.Tuner(
             trainable,
             param_space=param_space,

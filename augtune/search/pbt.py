@@ -33,25 +33,12 @@ from typing import Any
 
 from ray.tune.search.sample import Categorical, Float, Integer
 
-from augtune.config import SCHEDULES, Config, ConfigError, format_value, from_dict, set_values
+from augtune.config import Config, ConfigError, format_value, from_dict, set_values
 from augtune.spaces import Space, constants, searched
 from augtune.spaces.grammar import describe, is_grid
 
 FACTORS = (1.2, 0.8)  # PBT's multiplicative perturbations (Jaderberg et al., 2017; Tune's default)
 LINEAR_STEP = 0.1  # a linear domain's perturbation: this fraction of its range
-
-
-def is_pbt(cfg: Config) -> bool:
-    return cfg.search.scheduler in SCHEDULES
-
-
-def live_trials(cfg: Config, slots: int) -> int:
-    """How many of a search's trials its algorithm hands Tune at once: `slots` (a TPE trial learns from
-    the ones that ended), but a PBT population whole: PBT compares only trials that have not finished,
-    and one handed out `slots` at a time ran through its epochs before the next began, so it was never
-    a population (8 trials on 2 slots: 0 to 1 exploits). Tune runs `slots` of them at once; PBT pauses
-    a running one at each perturbation while others wait, so all progress together."""
-    return max(cfg.search.num_samples, slots) if is_pbt(cfg) else slots
 
 
 def _is_log(domain: Any) -> bool:
@@ -172,9 +159,8 @@ def mutated_keys(cfg: Config, space: Space, base: dict) -> tuple[str, ...]:
 
 
 def check_pbt(cfg: Config, space: Space, base: dict) -> Config:
-    """`cfg` with `search.pbt.mutate` resolved, or a ConfigError naming the key (see the module doc)."""
-    if not is_pbt(cfg):
-        return cfg
+    """`cfg` (a PBT or PB2 search) with `search.pbt.mutate` resolved, or a ConfigError naming the key (see
+    the module doc)."""
     s = cfg.search
     if s.algorithm == "optuna":
         raise ConfigError(f"search.algorithm: optuna with scheduler {s.scheduler}: TPE would credit a "
@@ -222,13 +208,6 @@ def pbt_scheduler(cfg: Config, space: Space):
         time_attr="epoch", perturbation_interval=s.pbt.interval, quantile_fraction=s.pbt.quantile,
         resample_probability=s.pbt.resample_probability, require_attrs=False, log_config=False,
         custom_explore_fn=Explore(domains, s.pbt.resample_probability, s.seed))
-
-
-def perturbation_epochs(cfg: Config) -> tuple[int, ...]:
-    """The epochs at which PBT compares and perturbs trials: every `interval`, below the last."""
-    if not is_pbt(cfg):
-        return ()
-    return tuple(range(cfg.search.pbt.interval, cfg.train.epochs, cfg.search.pbt.interval))
 
 
 def describe_pbt(cfg: Config) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Collection, Optional
 
 from augtune.checks import check_config
-from augtune.config import SCHEDULES, Config, ConfigError, from_dict, load_config, set_values, to_dict
+from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
 from augtune.records import read_search_file, write_atomic
 from augtune.search.storage import is_uri
 
@@ -51,20 +51,11 @@ def reported_metrics(cfg: Config) -> set[str]:
 
 
 def rung_epochs(cfg: Config) -> tuple[int, ...]:
-    """The epochs at which the scheduler compares trials: ASHA's grace_period * reduction_factor^k below
-    train.epochs; PBT's every `search.pbt.interval` epochs."""
-    from augtune.search.pbt import is_pbt, perturbation_epochs
+    """The epochs at which the scheduler compares trials (`augtune.search.schedulers`): ASHA's
+    grace_period * reduction_factor^k below train.epochs; PBT's every `search.pbt.interval` epochs."""
+    from augtune.search.schedulers import scheduling
 
-    s, epochs = cfg.search, cfg.train.epochs
-    if is_pbt(cfg):
-        return perturbation_epochs(cfg)
-    if s.scheduler != "asha":
-        return ()
-    out, r = [], float(s.grace_period)
-    while r < epochs and len(out) < 64:
-        out.append(math.ceil(r - 1e-9))  # ASHA takes the first result at or past a milestone
-        r *= s.reduction_factor
-    return tuple(sorted(set(out)))
+    return scheduling(cfg).rung_epochs(cfg)
 
 
 def trial_base(cfg: Config, storage: str) -> dict:
@@ -72,11 +63,15 @@ def trial_base(cfg: Config, storage: str) -> dict:
     the scheduler's rungs and the last epoch (no scheduler: the last epoch only), plus the epochs of the
     user's own `eval.every` when it is set; `raw` and `random-init` are cached beside the experiments."""
     from augtune.eval import OUTPUTS
+    from augtune.search.schedulers import scheduling
 
     family = next((f for f, names in OUTPUTS.items() if cfg.search.metric in names), None)
     ev, train = cfg.eval, cfg.train
-    if cfg.search.scheduler in SCHEDULES:  # a checkpoint where PBT may copy the trial
-        train = replace(train, checkpoint_every=cfg.search.pbt.interval)
+    own = scheduling(cfg)
+    if own.checkpoint_every(cfg) is not None:  # PBT's: a checkpoint where it may copy the trial
+        train = replace(train, checkpoint_every=own.checkpoint_every(cfg))
+    # the knobs the scheduler changes during a trial, recorded per epoch (a PBT trial's lineage)
+    train = replace(train, track=tuple(dict.fromkeys((*train.track, *own.tracked(cfg)))))
     if family is not None and family not in ev.epoch_metrics:
         ev = replace(ev, epoch_metrics=(*ev.epoch_metrics, family))
     ev = replace(ev, at=tuple(sorted(set(ev.at) | set(rung_epochs(cfg)))),
@@ -262,9 +257,9 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
         rows = describe_rows(data)
     space = resolve_space(cfg.search, modality)
     check_algorithm(cfg.search, space)
-    from augtune.search.pbt import check_pbt
+    from augtune.search.schedulers import scheduling
 
-    cfg = check_pbt(cfg, space, to_dict(cfg))  # search.pbt.mutate resolved and checked
+    cfg = scheduling(cfg).check(cfg, space, to_dict(cfg))  # e.g. search.pbt.mutate resolved and checked
     base = trial_base(cfg, storage)
     check_trials(base, space, figure_kinds, modality, n_train)
     if not address and cfg.resources.use_gpu:
@@ -343,12 +338,9 @@ def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
     space = resolve_space(s, plan.modality)
     keys = sorted(searched(space)) if space.define_by_run is None else ["(define-by-run)"]
     trials, rb = trials_of(plan), s.repeat_best
-    sched = {"asha": f"ASHA (grace {s.grace_period}, reduction {s.reduction_factor}: stops trials early)",
-             "none": "none (every trial runs every epoch)"}.get(s.scheduler, s.scheduler)
-    if s.scheduler in SCHEDULES:
-        from augtune.search.pbt import describe_pbt
+    from augtune.search.schedulers import scheduling
 
-        sched = describe_pbt(cfg)
+    sched = scheduling(cfg).describe(cfg)
     repeats = repeat_runs if repeat_runs is not None else rb.top * len(rb.seeds)
     need = ", ".join(f"{k} {v:g}" for k, v in trial_needs(cfg).items())
     label = "+".join((cfg.method.base, *cfg.method.augment))

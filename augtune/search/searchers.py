@@ -27,7 +27,7 @@ import numpy as np
 from ray import tune
 from ray.tune.search.sample import Categorical, Integer
 
-from augtune.config import SCHEDULES, Config, ConfigError
+from augtune.config import Config, ConfigError
 from augtune.search.tune_internals import MetricResultsOptunaSearch, ReplayingVariantGenerator
 from augtune.spaces import Space, constants, define_by_run_values, quiet_study, searched
 from augtune.spaces.grammar import describe, is_grid, kind
@@ -177,19 +177,3 @@ def searcher(cfg: Config, space: Space, storage: Any = None):
     extra = {} if storage is None else {"storage": storage, "study_name": "augtune"}
     return MetricResultsOptunaSearch(**to_optuna_search_kwargs(space), metric=s.metric, mode=s.mode,
                                      sampler=sampler, **extra), constants(space)
-
-
-def scheduler(cfg: Config, space: Space | None = None):
-    """The Tune scheduler of `search.scheduler` (None: none); PBT's and PB2's need the `space` whose
-    domains give the perturbations (`augtune.search.pbt`)."""
-    if cfg.search.scheduler in SCHEDULES:
-        from augtune.search.pbt import pbt_scheduler
-
-        return pbt_scheduler(cfg, space)
-    if cfg.search.scheduler == "asha":
-        from ray.tune.schedulers import ASHAScheduler
-
-        # `epoch` rather than Tune's training_iteration: that one restarts after a restore.
-        return ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=cfg.search.grace_period,
-                             reduction_factor=cfg.search.reduction_factor)
-    return None

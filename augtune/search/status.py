@@ -26,10 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from augtune.config import SCHEDULES
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
-                             REPEAT, REPEAT_DIR, JSONFileError, read_json,
-                             read_search_file)
+                             REPEAT, REPEAT_DIR, JSONFileError, read_json, read_search_file,
+                             searched_schedule)
 from augtune.search.experiment import holder_alive
 
 STOPPED = "STOPPED"  # shown for a TERMINATED trial whose record says `stopped` (early, by the scheduler)
@@ -153,9 +152,7 @@ def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
 
 
 def _exploits(record: dict) -> Optional[int]:
-    config = record.get("config")
-    search = config.get("search") if isinstance(config, dict) else None
-    if not isinstance(search, dict) or search.get("scheduler") not in SCHEDULES:
+    if not searched_schedule(record.get("config")):
         return None
     count = record.get("exploits") or 0
     return count if isinstance(count, int) else 0

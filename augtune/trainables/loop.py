@@ -18,7 +18,7 @@ import torch
 import torch.utils.serialization.config as serialization
 from torch import nn
 
-from augtune.config import SCHEDULES, Config, parse_duration, replace_values, to_dict, value_of, values_at
+from augtune.config import Config, parse_duration, replace_values, to_dict, value_of, values_at
 from augtune.data.batches import batches, on_device, sequential
 from augtune.data.views import build_view
 from augtune.eval import evaluate, extract_features
@@ -88,12 +88,9 @@ def make_optimizer(spec: OptimizerSpec, train) -> torch.optim.Optimizer:
 
 
 def tracked_keys(cfg: Config) -> tuple[str, ...]:
-    """The knobs a run records per epoch: the keys its `schedule` sets and, in a PBT search's trial,
-    the keys PBT mutates (`search.pbt.mutate`, resolved by the plan)."""
-    keys = [k for step in cfg.schedule for k in step.set]
-    if cfg.search.scheduler in SCHEDULES:
-        keys += cfg.search.pbt.mutate
-    return tuple(dict.fromkeys(keys))
+    """The knobs a run records per epoch: the keys its `schedule` sets and `train.track`'s (in a PBT
+    search's trial, the keys PBT mutates: the plan puts them there)."""
+    return tuple(dict.fromkeys([*(k for step in cfg.schedule for k in step.set), *cfg.train.track]))
 
 
 def two_views(view: torch.nn.Module, x: torch.Tensor, batch: int, mine: slice,
