@@ -46,8 +46,8 @@ class EntrantsSearch(SearchAlgorithm):
     """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
     algorithm as `tune_internals.restorable` makes it, the constants of its space, its budget) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
-    `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still hold how many
-    run at once)."""
+    `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still
+    hold how many run at once)."""
 
     def __init__(self, entrants: dict[str, tuple], max_concurrent: int = 0, populations: Iterable[str] = ()):
         self._subs = {name: alg for name, (alg, _, _) in entrants.items()}
