@@ -595,47 +595,63 @@ def train(cfg: ConfigLike, out: Union[str, Path, None] = None, resume: bool = Fa
 def search(cfg: ConfigLike, *, storage: Optional[str] = None, name: Optional[str] = None,
            address: Optional[str] = None, dashboard: bool = False, verbose: bool = False) -> Experiment:
     """Search `cfg.search`'s space on Ray, then repeat its best (`augtune search`); the experiment."""
-    from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.search import plan_config, run_search
-    from augtune.search.experiment import data_subject, default_name
-    from augtune.search.launch import hold_to_loopback
-    from augtune.search.plan import resolve_storage
-
-    hold_to_loopback(address)
-    cfg = config_from(cfg)
-    storage = resolve_storage(storage)
-    label = cfg.search.space if isinstance(cfg.search.space, str) else "search"
-    plan = plan_config(cfg, storage=storage, name=name or default_name(label, data_subject(cfg), storage),
-                       address=address, dashboard=dashboard, figure_kinds=PLOTS)
-    run_job(lambda callbacks: run_search(plan, on_completed=end_of_run_figures, callbacks=callbacks),
-            plan.experiment, plan.cfg, verbose)
-    return Experiment(plan.experiment)
+    return run_plan(make_plan(cfg, storage=storage, name=name, address=address, dashboard=dashboard),
+                    verbose=verbose)
 
 
 def compare(cfg: ConfigLike, *, storage: Optional[str] = None, name: Optional[str] = None,
             address: Optional[str] = None, dashboard: bool = False, verbose: bool = False) -> Experiment:
     """Every method head to head under one budget (`augtune compare`); the experiment (`.verdict()`)."""
+    return run_plan(make_plan(cfg, compare=True, storage=storage, name=name, address=address,
+                              dashboard=dashboard), verbose=verbose)
+
+
+def make_plan(cfg: ConfigLike, *, compare: bool = False, storage: Optional[str] = None,
+              name: Optional[str] = None, address: Optional[str] = None, dashboard: bool = False):
+    """What `search` (`compare=True`: `compare`) would run, every check done, before Ray starts or a file
+    is written (`--plan` prints it): a `SearchPlan`, or a `ComparePlan` (which loads the data once and,
+    under `compare.time_budget`, times each entrant's epochs to size the compare). `run_plan` runs it."""
     from augtune.config import ConfigError
     from augtune.data import DataError, load_dataset
-    from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.search.compare import plan_compare, run_compare
+    from augtune.plots import PLOTS
     from augtune.search.experiment import check_name, check_name_free, data_subject, default_name
     from augtune.search.launch import hold_to_loopback
     from augtune.search.plan import resolve_storage
 
-    hold_to_loopback(address)
+    hold_to_loopback(address)  # before anything imports Ray
     cfg = config_from(cfg)
+    storage = resolve_storage(storage)
+    if not compare:
+        from augtune.search import plan_config
+
+        label = cfg.search.space if isinstance(cfg.search.space, str) else "search"
+        return plan_config(cfg, storage=storage, name=name or default_name(label, data_subject(cfg), storage),
+                           address=address, dashboard=dashboard, figure_kinds=PLOTS)
+    from augtune.search.compare import plan_compare
+
     try:
         data = load_dataset(cfg.dataset)
     except DataError as e:
         raise ConfigError(str(e)) from None
-    storage = resolve_storage(storage)
     name = check_name(name) if name else default_name("compare", data_subject(cfg), storage)
     check_name_free(f"{storage.rstrip('/')}/{name}")
-    plan = plan_compare(cfg, data.modality, storage=storage, name=name, address=address,
+    return plan_compare(cfg, data.modality, storage=storage, name=name, address=address,
                         dashboard=dashboard, figure_kinds=PLOTS, data=data)
-    run_job(lambda callbacks: run_compare(plan, on_completed=end_of_run_figures, callbacks=callbacks),
-            plan.experiment, plan.plans[0].cfg, verbose, budget=time_budget_of(plan))
+
+
+def run_plan(plan, *, verbose: bool = False) -> Experiment:
+    """Run what `make_plan` planned, in this process (Ray, the searches, the repeat; one progress line);
+    the experiment."""
+    from augtune.plots import end_of_run_figures
+    from augtune.search import run_search
+    from augtune.search.compare import ComparePlan, run_compare
+
+    if isinstance(plan, ComparePlan):
+        run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
+                plan.experiment, plan.plans[0].cfg, verbose, budget=time_budget_of(plan))
+    else:
+        run_job(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
+                plan.experiment, plan.cfg, verbose)
     return Experiment(plan.experiment)
 
 
@@ -649,6 +665,21 @@ def time_budget_of(plan) -> Optional[tuple[float, float]]:
     return parse_duration(plan.cfg.compare.time_budget), plan.budget_began
 
 
+def resumable(path: Union[str, Path]) -> Experiment:
+    """The experiment at `path` as `resume` takes it, or a ConfigError saying in one line why it cannot be
+    resumed there: not an experiment, or one entrant's search of a compare (its searches run together)."""
+    from augtune.config import ConfigError
+    from augtune.records import is_compare
+    from augtune.search.storage import is_uri
+
+    exp = load(path)
+    parent = str(Path(exp.path).parent)
+    if not is_uri(exp.path) and is_compare(parent):
+        raise ConfigError(f"{exp.path}: an entrant of the compare experiment {parent}, whose searches run "
+                          f"together; continue it with: augtune resume {parent}")
+    return exp
+
+
 def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_errored: bool = False,
            trust: bool = False, verbose: bool = False) -> Experiment:
     """Continue an interrupted search or compare (`augtune resume`); a finished one is returned as it is."""
@@ -660,7 +691,7 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     from augtune.search.launch import hold_to_loopback
 
     hold_to_loopback(address)
-    exp = load(path)
+    exp = resumable(path)
     if is_finished(exp.path) and not restart_errored:
         return exp
     if is_compare(exp.path):

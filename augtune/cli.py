@@ -11,7 +11,7 @@ import datetime as _dt
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable
 
 from augtune.records import LinkRefused
 
@@ -180,18 +180,17 @@ def _print_final_table(exp_dir: Path, cfg) -> None:
         print(f"augtune: no table: {e}")
 
 
-def _run_on_ray(run: Callable[[list], None], experiment: str, cfg, verbose: bool,
-                budget: Optional[tuple[float, float]] = None) -> int:
-    """Run a search-like job as the Python API does (`augtune.api.run_job`: one progress line, Ray's
-    chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
+def _run_on_ray(call: Callable[[], Any], experiment: str) -> int:
+    """Run a job of the Python API (`augtune.api.run_plan`, `augtune.api.resume`: one progress line,
+    Ray's chatter in the experiment's log); every way it can end becomes an exit code and, where it did not
     finish, one line saying why."""
-    from augtune.api import log_file, run_job
+    from augtune.api import log_file
     from augtune.config import ConfigError
     from augtune.search import SearchFailed, SearchInterrupted
     from augtune.search.launch import RayStartFailed
 
     try:
-        run_job(run, experiment, cfg, verbose, budget)
+        call()
     except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use, untrusted state
         raise UsageError(str(e)) from None
     except (SearchInterrupted, KeyboardInterrupt):
@@ -263,13 +262,12 @@ def _environment_error(e: OSError, where: str, resume: str) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from augtune.config import ConfigError
-    from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.search import plan_search, run_search
+    from augtune import api
+    from augtune.config import ConfigError, load_config
 
     try:
-        plan = plan_search(args.config, args.overrides, storage=args.storage, name=args.name,
-                           address=args.address, dashboard=args.dashboard, figure_kinds=PLOTS)
+        plan = api.make_plan(load_config(args.config, args.overrides), storage=args.storage, name=args.name,
+                             address=args.address, dashboard=args.dashboard)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     rows = [f"data: {plan.rows}"] if plan.rows else []
@@ -281,8 +279,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
     if rows:
         print(rows[0], flush=True)
-    code = _run_on_ray(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
-                       plan.experiment, plan.cfg, args.verbose)
+    code = _run_on_ray(lambda: api.run_plan(plan, verbose=args.verbose), plan.experiment)
     if code == 0:
         _final_table(plan.experiment, plan.cfg)
         print(f"experiment: {plan.experiment}")
@@ -290,84 +287,59 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    """`augtune.api.resume`, with what the console shows around it: a finished experiment's verdict or
+    table without starting Ray, or the run's progress, then its verdict or table."""
+    from augtune import api
     from augtune.config import ConfigError
-    from augtune.plots import end_of_run_figures
-    from augtune.search import load_plan, resume_search
     from augtune.records import is_compare
-    from augtune.search.compare import load_compare, run_compare
+    from augtune.search import load_plan
     from augtune.search.experiment import is_finished
-    from augtune.search.storage import is_uri
 
     try:
-        parent = Path(str(args.experiment).rstrip("/")).parent  # an entrant's search runs with the others'
-        if not is_uri(args.experiment) and is_compare(str(parent)):
-            raise ConfigError(f"{args.experiment}: an entrant of the compare experiment {parent}, whose "
-                              f"searches run together; continue it with: augtune resume {parent}")
-        if is_compare(args.experiment):
-            plan = load_compare(args.experiment, address=args.address)
-            if is_finished(plan.experiment) and not args.restart_errored:  # nothing to run: no Ray
-                print(f"{plan.experiment} has finished; its verdict, from its records:")
-                _compare_verdict(plan.experiment)
-                return 0
-            return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures,
-                                                                callbacks=cb, trust=args.trust), args.verbose)
-        plan = load_plan(args.experiment, address=args.address)
+        exp = api.resumable(args.experiment)
+        compare = is_compare(exp.path)
+        plan = None if compare else load_plan(exp.path, address=args.address)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    if is_finished(plan.experiment) and not args.restart_errored:
-        print(f"{plan.experiment} has finished; its table, from its records:")
-        _final_table(plan.experiment, plan.cfg)
-        return 0
-    code = _run_on_ray(lambda cb: resume_search(plan, restart_errored=args.restart_errored, trust=args.trust,
-                                                on_completed=end_of_run_figures, callbacks=cb),
-                       plan.experiment, plan.cfg, args.verbose)
-    if code == 0:
-        _final_table(plan.experiment, plan.cfg)
-    return code
+    if is_finished(exp.path) and not args.restart_errored:  # nothing to run: no Ray
+        print(f"{exp.path} has finished; its {'verdict' if compare else 'table'}, from its records:")
+    else:
+        code = _run_on_ray(lambda: api.resume(exp.path, address=args.address, verbose=args.verbose,
+                                              restart_errored=args.restart_errored, trust=args.trust),
+                           exp.path)
+        if code:
+            return code
+    if compare:
+        _compare_verdict(exp.path)
+    else:
+        _final_table(exp.path, plan.cfg)
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from augtune.checks import check_config
+    from augtune import api
     from augtune.config import ConfigError, load_config
-    from augtune.data import DataError, load_dataset
-    from augtune.data.datasets import describe_rows
-    from augtune.plots import PLOTS, end_of_run_figures
-    from augtune.api import time_budget_of
-    from augtune.search.compare import describe_compare, plan_compare, run_compare
-    from augtune.search.experiment import check_name, check_name_free, data_subject, default_name
-    from augtune.search.plan import resolve_storage
+    from augtune.search.compare import describe_compare
 
     try:
-        cfg = check_config(load_config(args.config, args.overrides), PLOTS)
-        data = load_dataset(cfg.dataset)
-        modality = data.modality
-        storage = resolve_storage(args.storage)
-        name = check_name(args.name) if args.name else default_name("compare", data_subject(cfg), storage)
-        check_name_free(f"{storage.rstrip('/')}/{name}")
-        plan = plan_compare(cfg, modality, storage=storage, name=name, address=args.address,
-                            dashboard=args.dashboard, figure_kinds=PLOTS, data=data)
-    except (ConfigError, DataError) as e:
+        plan = api.make_plan(load_config(args.config, args.overrides), compare=True, storage=args.storage,
+                             name=args.name, address=args.address, dashboard=args.dashboard)
+    except ConfigError as e:
         raise UsageError(str(e)) from None
-    rows = f"data: {describe_rows(data)}" + (f"; selecting on {plan.cfg.compare.metrics[0]}"
-                                             if len(data.y_train) == 0 else "")
+    rows = f"data: {plan.rows}"
     if args.plan:
         print(f"compare {plan.experiment} (not started: --plan)")
         print("\n".join([rows, *describe_compare(plan)]))
         return 0
     print(rows, flush=True)
-    race = cfg.compare.race
-    repeat = (f"the best {race.finalists} of each raced on {race.min_seeds} to {race.max_seeds} seeds"
-              if race.enabled else f"best re-run on {cfg.compare.seeds} seeds")
+    c = plan.cfg.compare
+    repeat = (f"the best {c.race.finalists} of each raced on {c.race.min_seeds} to {c.race.max_seeds} seeds"
+              if c.race.enabled else f"best re-run on {c.seeds} seeds")
     print(f"compare {plan.experiment}: {len(plan.labels)} entrants ({', '.join(plan.labels)}), "
-          f"{plan.cfg.compare.trials} trials each, {repeat}", flush=True)
+          f"{c.trials} trials each, {repeat}", flush=True)
     if plan.budget:
         print(plan.budget, flush=True)
-    return _finish_compare(plan, lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
-                           args.verbose, time_budget_of(plan))
-
-
-def _finish_compare(plan, run, verbose: bool, budget: Optional[tuple[float, float]] = None) -> int:
-    code = _run_on_ray(run, plan.experiment, plan.plans[0].cfg, verbose, budget)
+    code = _run_on_ray(lambda: api.run_plan(plan, verbose=args.verbose), plan.experiment)
     if code == 0:
         _compare_verdict(plan.experiment)
         print(f"experiment: {plan.experiment}")

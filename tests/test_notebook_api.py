@@ -277,3 +277,51 @@ def test_config_from_takes_its_overrides_by_keyword_beside_sections(tmp_path):
     cfg = augtune.config_from(path, overrides=["train.lr=0.01"], train={"batch_size": 32})
     assert (cfg.train.epochs, cfg.train.lr, cfg.train.batch_size) == (4, 0.01, 32)
     assert augtune.config_from(source={"train.epochs": 3}).train.epochs == 3
+
+
+# -- resume: the CLI is the API's front door (one answer for each case) -----------------------------------
+
+def _resume_both(path: Path, capsys) -> tuple[int, str, str, object]:
+    """`augtune resume PATH` (exit code, stdout, stderr), then `augtune.resume(PATH)` (its Experiment, or
+    the ConfigError it raised)."""
+    from augtune.cli import main
+
+    code = main(["resume", str(path)])
+    out, err = capsys.readouterr()
+    try:
+        answer = augtune.resume(path)
+    except ConfigError as e:
+        answer = e
+    return code, out, err, answer
+
+
+@pytest.mark.parametrize("kind", ["compare", "search"])
+def test_resuming_a_finished_experiment_answers_from_its_records_alike_and_starts_no_ray(
+        kind, compare, search, tmp_path, capsys, monkeypatch):
+    from augtune.search.experiment import mark_finished
+
+    exp = tmp_path / kind
+    shutil.copytree(compare if kind == "compare" else search, exp)
+    mark_finished(str(exp))
+    monkeypatch.setattr("augtune.api.run_job", lambda *a, **k: pytest.fail("a finished experiment ran"))
+    code, out, err, answer = _resume_both(exp, capsys)
+    assert code == 0 and err == ""
+    said = "verdict" if kind == "compare" else "table"
+    assert out.startswith(f"{exp} has finished; its {said}, from its records:\n")
+    assert isinstance(answer, augtune.api.Experiment) and answer.path == str(exp)
+    assert answer.is_compare == (kind == "compare")
+
+
+def test_resuming_one_entrant_of_a_compare_is_refused_alike_naming_the_compare(compare, capsys):
+    code, out, err, answer = _resume_both(compare / "simclr", capsys)
+    line = (f"{compare / 'simclr'}: an entrant of the compare experiment {compare}, whose searches run "
+            f"together; continue it with: augtune resume {compare}")
+    assert (code, out, err) == (2, "", f"augtune: error: {line}\n")
+    assert isinstance(answer, ConfigError) and str(answer) == line
+
+
+def test_resuming_a_folder_that_is_no_experiment_is_refused_alike(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, out, err, answer = _resume_both(tmp_path / "empty", capsys)
+    assert code == 2 and out == "" and err == f"augtune: error: {answer}\n"
+    assert isinstance(answer, ConfigError) and "not an augtune experiment" in str(answer)

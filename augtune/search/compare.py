@@ -132,6 +132,7 @@ class ComparePlan:
     budget_began: Optional[float] = None  # when its measuring began (time.monotonic): the budget's start
     # `compare.equal: compute`: each entrant's train.epochs (its label -> epochs); None: train.epochs each
     epochs: Optional[dict] = None
+    rows: str = ""  # the labelled and unlabelled rows (`describe_rows`), and what selects without labels
 
     def save(self) -> None:
         from augtune.search.storage import write_bytes
@@ -182,8 +183,14 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                                  dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
                                  check_data=False, modality=modality,
                                  n_train=None if data is None else fit_size(data, cfg.dataset.val_fraction)))
+    rows = ""
+    if data is not None:
+        from augtune.data.datasets import describe_rows
+
+        rows = describe_rows(data) + (f"; selecting on {cfg.compare.metrics[0]}" if len(data.y_train) == 0
+                                      else "")
     return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began,
-                       epochs if cfg.compare.equal == "compute" else None)
+                       epochs if cfg.compare.equal == "compute" else None, rows)
 
 
 def equal_compute(costs, epochs: int) -> list[int]:
