@@ -211,9 +211,17 @@ def test_withdrawn_candidates_run_no_more_and_leave_the_race():
 
 
 def test_settings_from_the_compare_section():
-    assert race.race_settings({"metrics": ["knn_acc"]}, 10) is None
-    s = race.race_settings({"race": {"min_seeds": 3, "max_seeds": 10, "finalists": 2},
-                            "margin": 0.005, "alpha": 0.01, "metrics": ["sr_acc", "knn_acc"]}, 10)
+    from augtune.config import from_dict
+
+    def compare(section):
+        return from_dict({"compare": section}).compare
+
+    assert race.race_settings(compare({"metrics": ["knn_acc"]}), 10) is None  # the config's default: off
+    # a race section that does not say `enabled` is off too: the analysis and the config agree
+    assert race.race_settings(compare({"race": {"min_seeds": 3, "max_seeds": 10}}), 10) is None
+    on = {"enabled": True, "min_seeds": 3, "max_seeds": 10, "finalists": 2}
+    s = race.race_settings(compare({"race": on, "margin": 0.005, "alpha": 0.01,
+                                    "metrics": ["sr_acc", "knn_acc"]}), 10)
     assert s.seeds == SEEDS and s.min_seeds == 3 and s.margin == 0.005 and s.alpha == 0.01
     assert s.metric == "val_sr_acc"  # the first metric, on the validation split: the race never reads test
     with pytest.raises(ValueError, match="min_seeds"):

@@ -353,10 +353,10 @@ def test_race_settings_are_refused_in_one_line(overrides, error):
 def test_the_race_is_off_unless_enabled_and_its_settings_reach_the_analysis():
     from augtune.analysis.race import race_settings
 
-    off = to_dict(load_config(None, []))["compare"]
-    assert off["race"]["enabled"] is False and race_settings(off, 0) is None
-    on = to_dict(load_config(None, ["compare.race.enabled=true", "compare.race.max_seeds=6",
-                                    "compare.margin=0.01"]))["compare"]
+    off = load_config(None, []).compare
+    assert off.race.enabled is False and race_settings(off, 0) is None
+    on = load_config(None, ["compare.race.enabled=true", "compare.race.max_seeds=6",
+                            "compare.margin=0.01"]).compare
     s = race_settings(on, 10)
     assert s.seeds == (11, 12, 13, 14, 15, 16) and s.min_seeds == 3 and s.margin == 0.01
 

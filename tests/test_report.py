@@ -79,12 +79,14 @@ def fake_race(root: Path) -> Path:
     exp = root / "race"
     exp.mkdir()
     compare = {"metrics": ["knn_acc", "kmeans_nmi"], "alpha": 0.05,
-               "race": {"min_seeds": 3, "max_seeds": 10, "finalists": 2}}
+               "race": {"enabled": True, "min_seeds": 3, "max_seeds": 10, "finalists": 2}}
     (exp / "augtune_compare.yaml").write_text(yaml.safe_dump(
         {"config": {"compare": compare, "train": {"seed": 0}},
          "entrants": ["simclr", "simclr+pinda", "simclr+cocor", "simclr+nrcc"]}))
     means = {"simclr": 0.93, "simclr+pinda": 0.95, "simclr+cocor": 0.94, "simclr+nrcc": 0.85}
-    settings = race.race_settings(compare, 0)
+    from augtune.config import from_dict
+
+    settings = race.race_settings(from_dict({"compare": compare}).compare, 0)
     rng = np.random.default_rng(1)
     shared = 0.005 * rng.standard_normal(10)
     values = {f"{e}#{r}": mu - 0.004 * (r - 1) + shared + 0.008 * rng.standard_normal(10)

@@ -229,8 +229,8 @@ def test_a_compare_that_selects_on_a_lower_is_better_score_minimises_it_everywhe
     plan = plan_compare(cfg, "vector", storage="/tmp/x", name="x")
     assert [p.cfg.search.mode for p in plan.plans] == ["min", "min"]
     assert {p.cfg.search.metric for p in plan.plans} == {first}
-    assert race_settings({"metrics": [first], "race": {"enabled": True}}, 0).mode == "min"
-    assert race_settings({"metrics": ["knn_acc"], "race": {"enabled": True}}, 0).mode == "max"
+    assert race_settings(plan.cfg.compare, 0).mode == "min"
+    assert race_settings(augtune.config_from(cfg, {"compare.metrics": ["knn_acc"]}).compare, 0).mode == "max"
     # a label-first compare keeps maximising its accuracy
     plan = plan_compare(augtune.config_from(cfg, {"compare.metrics": ["knn_acc", first]}), "vector",
                         storage="/tmp/x", name="x")

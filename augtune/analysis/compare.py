@@ -32,7 +32,10 @@ def compare_settings(exp_dir) -> dict:
 def race_of(cfg: dict, repeat: list[dict]) -> Optional[RaceState]:
     """The race of a compare (`compare.race`), rebuilt from its repeat records; None without
     one."""
-    settings = race_settings(cfg.get("compare", {}), int(cfg.get("train", {}).get("seed", 0)))
+    from augtune.config import from_dict
+
+    typed = from_dict(cfg)
+    settings = race_settings(typed.compare, typed.train.seed)
     if settings is None:
         return None
     return replay(settings, repeat, {**failed_candidates(repeat), **flagged_candidates(repeat)})

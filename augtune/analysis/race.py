@@ -28,7 +28,7 @@ rival.
 
 API for the search layer (pure functions on a JSON-able state; nothing here starts a run):
 
-    settings = race_settings(cfg["compare"], cfg["train"]["seed"])     # None: no race configured
+    settings = race_settings(cfg.compare, cfg.train.seed)              # None: no race configured
     finalists = [(candidate_id(entrant, rank), entrant, params), ...]  # rank 1..finalists of each
     flagged = verdict.flagged_candidates(repeat_records)               # runs that did not train
     state = replay(settings, repeat_records, flagged, finalists)       # new, or resumed
@@ -65,6 +65,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from augtune.analysis import stats
+from augtune.config import CompareConfig
 from augtune.records import FRACTION_SUFFIXES, VAL_PREFIX, mode_of
 
 FORMAT = "augtune.race/1"
@@ -113,23 +114,20 @@ class RaceSettings:
         return stats.sequential_level(self.alpha, self.min_seeds, self.max_seeds, sides=1)
 
 
-def race_settings(compare: Mapping, train_seed: int, metric: Optional[str] = None
+def race_settings(compare: CompareConfig, train_seed: int, metric: Optional[str] = None
                   ) -> Optional[RaceSettings]:
-    """The race of a compare section (as a dict: `compare.race`, `compare.margin`,
-    `compare.alpha`), None when it has no race. Its seeds are train_seed + 1 .. + max_seeds, as a
-    fixed repeat's. It decides on `metric` (the compare's first) scored on the validation split
-    (`val_<metric>`: a race's runs train without it, `dataset.evaluate_on: both`), so the test split the
-    verdict reports is never what chose."""
-    race = compare.get("race")
-    if not race or not race.get("enabled", True):  # `compare.race.enabled: false`: a fixed repeat
+    """The race of a compare section (`compare.race`, `compare.margin`, `compare.alpha`; of a config as
+    written, `from_dict(config).compare`), None when it has no race (`compare.race.enabled: false`, the
+    default: a fixed repeat). Its seeds are train_seed + 1 .. + max_seeds, as a fixed repeat's. It
+    decides on `metric` (the compare's first) scored on the validation split (`val_<metric>`: a race's
+    runs train without it, `dataset.evaluate_on: both`), so the test split the verdict reports is never
+    what chose."""
+    race = compare.race
+    if not race.enabled:
         return None
-    first = metric or (tuple(compare.get("metrics") or ("knn_acc",)))[0]
-    metric = VAL_PREFIX + first
-    hi = int(race.get("max_seeds", 10))
-    margin = compare.get("margin")
-    return RaceSettings(metric, tuple(int(train_seed) + i for i in range(1, hi + 1)),
-                        int(race.get("min_seeds", 3)), float(compare.get("alpha", 0.05)),
-                        float(margin) if margin else None, mode_of(first))
+    first = metric or compare.metrics[0]
+    return RaceSettings(VAL_PREFIX + first, tuple(int(train_seed) + i for i in range(1, race.max_seeds + 1)),
+                        race.min_seeds, compare.alpha, compare.margin or None, mode_of(first))
 
 
 @dataclass

@@ -507,19 +507,20 @@ class BestOfEach:
         return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
                          for p in plan.plans), s.metric, s.mode, tuple(s.repeat_best.seeds))
 
-    def __call__(self, ended: list) -> list[dict]:
-        return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say)
+    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
+        """(every repeat run, True): chosen once, from the records of the search trials."""
+        return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say), True
 
 
 @dataclass(frozen=True)
 class RaceOfFinalists:
     """The repeat of a compare as a race (`compare.race`; `repeat.SearchThenRepeat` asks it again each time
-    a repeat run has ended): the candidates are every entrant's `finalists` best distinct search trials,
-    from the records on disk (`top_of`: the same in a resumed driver); which runs come next and when the
-    race stops is `augtune.analysis.race`'s to decide, from the ended repeat runs alone (`replay`): so a
-    restored run, given the runs Tune restored, continues the race where it stopped. Each run's config
-    names its candidate (`CANDIDATE`) and round (`ROUND`), which its record keeps. Plain data: Tune
-    pickles it with the run's state."""
+    a repeat run has ended, until it says it has finished): the candidates are every entrant's
+    `finalists` best distinct search trials, from the records on disk (`top_of`: the same in a resumed
+    driver); which runs come next and when the race stops is `augtune.analysis.race`'s to decide, from the
+    ended repeat runs alone (`replay`): so a restored run, given the runs Tune restored, continues the race
+    where it stopped. Each run's config names its candidate (`CANDIDATE`) and round (`ROUND`), which its
+    record keeps. Plain data: Tune pickles it with the run's state."""
 
     entrants: tuple  # (name, records folder, base, augment) of each
     metric: str
@@ -528,8 +529,6 @@ class RaceOfFinalists:
     train_seed: int
     experiment: str  # where `race.json` (a snapshot for people, never read back) is written
     said: dict = field(default_factory=dict, compare=False, repr=False)  # rounds already logged
-
-    rounds = True  # `SearchThenRepeat`: a repeat in rounds
 
     @classmethod
     def of(cls, plan: "ComparePlan") -> "RaceOfFinalists":
@@ -559,7 +558,7 @@ class RaceOfFinalists:
         from augtune.analysis.race import failed_candidates, race_settings, replay
         from augtune.analysis.verdict import flagged_candidates
 
-        settings = race_settings(self.compare, self.train_seed, self.metric)
+        settings = race_settings(from_dict({"compare": self.compare}).compare, self.train_seed, self.metric)
         records = [race_record(e, settings.metric) for e in repeats]  # on the validation split
         out = {**failed_candidates(records), **flagged_candidates(records)}
         return replay(settings, records, out, self.candidates())

@@ -16,18 +16,20 @@ Restored, the wrapper takes the search algorithm's own snapshot and its own, and
 Tune restored: the search trials that ended are what the repeats are chosen from (the same, so the same
 repeats: `choose` is deterministic), and a repeat run Tune already holds is not made again.
 
-A repeat in rounds (a compare's race, `compare.RaceOfFinalists`: its `rounds` is true) is asked again each
-time a repeat trial has ended: `choose(ended search trials, ended repeat trials)` returns the runs its next
-decision waits for and whether it has finished. Its answer is a function of the ended trials alone, so a
-restored run asks it with the trials Tune restored and continues the race where it stopped: an ended run
-is never made again, a run Tune holds unfinished is waited for, and only what is missing is made.
+Every chooser has one shape: `choose(ended search trials, ended repeat trials)` returns (the runs its
+next decision waits for, whether it has finished). A fixed repeat (`RepeatBest`, a compare's
+`compare.BestOfEach`) answers all its runs and finished at once; a repeat in rounds (a compare's race,
+`compare.RaceOfFinalists`) is asked again each time a repeat trial has ended, until it says it has
+finished. Its answer is a function of the ended trials alone, so a restored run asks it with the trials
+Tune restored and continues the race where it stopped: an ended run is never made again, a run Tune holds
+unfinished is waited for, and only what is missing is made.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional, Protocol
 
 from ray import cloudpickle
 from ray.tune.search import SearchAlgorithm
@@ -42,6 +44,12 @@ def is_repeat(config: Optional[dict]) -> bool:
     return isinstance(config, dict) and REPEAT in config
 
 
+class Chooser(Protocol):
+    """What the repeat runs: `(ended search trials, ended repeat trials) -> (the runs due, finished)`."""
+
+    def __call__(self, ended: list[Ended], repeats: list[Ended]) -> tuple[list[dict], bool]: ...
+
+
 @dataclass(frozen=True)
 class Ended:
     """A search trial that ended, as the repeat is chosen from it (the shape of Tune's `Result`)."""
@@ -54,12 +62,10 @@ class Ended:
 
 class SearchThenRepeat(SearchAlgorithm):
     """`search` (a Tune search algorithm that `tune_internals.restorable` or `multiplex.EntrantsSearch`
-    makes), then the repeat runs `choose(ended search trials)` returns (each a trial config:
-    `{REPEAT: params}`), at most `max_concurrent` repeat trials at a time (0: no limit). A `choose` whose
-    `rounds` is true is a repeat in rounds (see the module docstring)."""
+    makes), then the repeat runs `choose` returns (each a trial config: `{REPEAT: params}`; see the module
+    docstring), at most `max_concurrent` repeat trials at a time (0: no limit)."""
 
-    def __init__(self, search: SearchAlgorithm, choose: Callable[[list[Ended]], list[dict]],
-                 max_concurrent: int = 0):
+    def __init__(self, search: SearchAlgorithm, choose: Chooser, max_concurrent: int = 0):
         self.search, self.choose, self.max_concurrent = search, choose, max_concurrent
         self._experiment = None  # Tune's experiment: a repeat trial is made from its spec
         self._configs: dict[str, dict] = {}  # search trial id -> its config
@@ -120,7 +126,7 @@ class SearchThenRepeat(SearchAlgorithm):
             if not self.search_finished:
                 return None
             self._choose()
-        elif self._stale:
+        elif self._stale and not self._chosen_all:
             self._choose()
         return self._next_repeat()
 
@@ -136,7 +142,7 @@ class SearchThenRepeat(SearchAlgorithm):
                 config = self._repeat_configs.get(trial_id) or _config_of(result or {})
                 self._repeat_ended[trial_id] = Ended(trial_id, config, dict(result or {}),
                                                      "the trial errored" if error else None)
-                self._stale = True  # a repeat in rounds decides again
+                self._stale = True  # a repeat in rounds that has not finished decides again
                 return
             config = {k[len("config/"):]: v for k, v in (result or {}).items() if k.startswith("config/")}
             self._configs[trial_id] = config
@@ -163,19 +169,10 @@ class SearchThenRepeat(SearchAlgorithm):
         """The search trials that ended, in the order they were made (ties in the metric go to the first)."""
         return [self._ended[t] for t in self._configs if t in self._ended]
 
-    @property
-    def in_rounds(self) -> bool:
-        return bool(getattr(self.choose, "rounds", False))
-
     def _choose(self) -> None:
-        """Ask `choose` for the repeat runs: once, or (in rounds) again after a repeat trial has ended,
-        keeping every run it asked for before in `runs` (their indices are what `_made` knows)."""
+        """Ask `choose` for the repeat runs its next decision waits for, keeping every run it asked for before
+        in `runs` (their indices are what `_made` knows)."""
         self._stale = False
-        if not self.in_rounds:
-            if self.runs is None:
-                self.runs = list(self.choose(self._ended_in_order()))
-            self._wanted, self._chosen_all = None, True
-            return
         due, finished = self.choose(self._ended_in_order(), list(self._repeat_ended.values()))
         self.runs = list(self.runs or [])
         self.runs += [run for run in due if run not in self.runs]
@@ -326,12 +323,13 @@ class RepeatBest:
 
     cfg: dict  # the search's config, as a dict: Tune pickles this with the run's state
 
-    def __call__(self, ended: list[Ended]) -> list[dict]:
+    def __call__(self, ended: list[Ended], repeats: list[Ended] = ()) -> tuple[list[dict], bool]:
+        """(every repeat run, True): a fixed repeat is chosen once, from the search trials alone."""
         from augtune.config import from_dict
 
         cfg = from_dict(self.cfg)
         rb = cfg.search.repeat_best
         if rb.top == 0:
-            return []
+            return [], True
         return [{REPEAT: {**params, "train.seed": seed}} for params in best_configs(ended, cfg)
-                for seed in rb.seeds]
+                for seed in rb.seeds], True
