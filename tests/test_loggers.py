@@ -16,7 +16,7 @@ import yaml
 from augtune.cli import main
 from augtune.config import ConfigError, load_config
 from augtune.records import REPEAT, REPEAT_DIR
-from augtune.search.tune_internals import restored_trials
+from augtune.search.adapters import restored_trials
 from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]

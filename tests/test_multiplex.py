@@ -10,8 +10,8 @@ from ray.tune.experiment import Experiment, Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch, entrant_of
-from augtune.search.tune_internals import MetricResultsOptunaSearch
-from augtune.search.tune_internals import restorable
+from augtune.search.adapters import MetricResultsOptunaSearch
+from augtune.search.adapters import restorable
 from augtune.records import ENTRANT
 from conftest import save_tune_trials
 

@@ -22,7 +22,7 @@ from augtune.config import ConfigError, load_config, to_dict
 from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND
 from augtune.search.compare import FirstSeedFigures, RaceOfFinalists, race_record, top_of
 from augtune.search.repeat import Ended, SearchThenRepeat
-from augtune.search.tune_internals import ReplayingVariantGenerator, restorable
+from augtune.search.adapters import ReplayingVariantGenerator, restorable
 from conftest import save_tune_trials, sigkill_driver
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """What a killed driver leaves behind, made whole before Tune restores (`augtune.search.recovery`), and
-search algorithms that agree with the trials Tune restores (`tune_internals`).
+search algorithms that agree with the trials Tune restores (`adapters`).
 
 Tune saves its trials and its search algorithm's state in separate files and copies them to storage one
 by one; a driver killed in between leaves them a snapshot apart, and storage's copies cut short. These
@@ -20,7 +20,7 @@ from ray.tune.experiment import Experiment, Trial
 from augtune.config import ConfigError
 from augtune.search import trust
 from augtune.search.recovery import finish_interrupted_copy, prepare_restore, refill_lost_checkpoints
-from augtune.search.tune_internals import (MetricResultsOptunaSearch, ReconcilingSearchGenerator,
+from augtune.search.adapters import (MetricResultsOptunaSearch, ReconcilingSearchGenerator,
                                            ReplayingVariantGenerator, restorable, restored_trials)
 from conftest import save_tune_trials
 

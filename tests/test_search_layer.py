@@ -18,10 +18,11 @@ from augtune.config import ConfigError, from_dict, load_config, set_values, to_d
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "augtune"
-DOOR = PACKAGE / "search" / "tune_internals.py"
-# private attributes of Ray Tune's and Optuna's objects that augtune touches (tune_internals' docstring)
+DOOR = PACKAGE / "search" / "adapters.py"
+# private attributes of Ray Tune's and Optuna's objects that augtune touches (adapters' docstring)
 PRIVATE = re.compile(r"\._(local_tuner|experiment_analysis|tune_config|trial_generator|trial_iter|iterators|"
-                     r"live_trials|finished|counter|ot_trials|ot_study|completed_trials|space|trial_id)\b")
+                     r"live_trials|finished|counter|ot_trials|ot_study|completed_trials|space|trial_id|"
+                     r"trial_runs)\b")
 TINY = {"backbone": "mlp", "hidden_dim": 16, "num_layers": 2, "embed_dim": 8, "proj_hidden_dim": 8,
         "proj_dim": 8, "pred_hidden_dim": 8}
 
@@ -57,11 +58,11 @@ def test_ray_and_optuna_private_names_are_touched_in_one_module_only():
 def test_the_door_lists_every_private_name_it_touches():
     doc = ast.get_docstring(ast.parse(DOOR.read_text()))
     for name in set(m.group(1) for m in PRIVATE.finditer(DOOR.read_text())):
-        assert f"_{name}" in doc, f"_{name} is touched but not listed in tune_internals' docstring"
+        assert f"_{name}" in doc, f"_{name} is touched but not listed in adapters' docstring"
 
 
 def test_versions_outside_the_tested_range_are_refused_in_one_line():
-    from augtune.search.tune_internals import SUPPORTED, UnsupportedVersion, check_versions
+    from augtune.search.adapters import SUPPORTED, UnsupportedVersion, check_versions
 
     check_versions()  # the installed ones are in range
     for name in SUPPORTED:
@@ -75,7 +76,7 @@ def test_versions_outside_the_tested_range_are_refused_in_one_line():
 def test_the_tested_ranges_are_pyprojects():
     import tomllib
 
-    from augtune.search.tune_internals import SUPPORTED
+    from augtune.search.adapters import SUPPORTED
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     for name, bounds in SUPPORTED.items():

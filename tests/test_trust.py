@@ -164,12 +164,12 @@ def test_a_copy_of_tunes_state_never_carries_a_file_saved_but_not_yet_signed(tmp
     """Tune saves its state into a staging folder (its experiment state, then the search algorithm's
     `save_to_dir`, which signs) while its copy of the last save may still run: unheld, that copy carries
     the new state unsigned, and a driver killed as it ends leaves a folder `resume` refuses (the CI saw
-    it once). Held (`tune_internals.hold_copies_while_saving`, which `drive` applies), a step saves only
+    it once). Held (`adapters.hold_copies_while_saving`, which `drive` applies), a step saves only
     when no copy is in flight, the last save waits for it: every copy starts from a signed folder."""
     import time
     from types import SimpleNamespace
 
-    from augtune.search.tune_internals import hold_copies_while_saving
+    from augtune.search.adapters import hold_copies_while_saving
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "me"))
     staging, exp, left = tmp_path / "staging", tmp_path / "exp", []

@@ -3,8 +3,8 @@
 `plan` checks everything before Ray starts; `experiment` owns an experiment folder (names, lock, plan
 file, Optuna's journal, trust); `searchers` turns a space into Tune/Optuna search algorithms;
 `launch` is the one driver that starts and resumes searches and compares on Ray; `compare` plans the
-methods head to head; `tune_internals` is the one door to Ray's and Optuna's private names; `status`
-reads a search folder without Ray.
+methods head to head; `schedulers` says what each scheduler needs; `adapters` is the one door to Ray's,
+Optuna's (and MLflow's callback's) private names; `status` reads a search folder without Ray.
 """
 from augtune.search.experiment import SearchFailed, SearchInterrupted
 from augtune.search.launch import resume_search, run_search

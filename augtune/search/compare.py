@@ -351,7 +351,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
         from augtune.search.schedulers import scheduling
         from augtune.search.searchers import searcher
-        from augtune.search.tune_internals import restorable
+        from augtune.search.adapters import restorable
         from augtune.spaces import resolve_space
 
         entrants, schedulers = {}, {}

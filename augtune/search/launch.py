@@ -201,7 +201,7 @@ def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
     (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one), and
     its search algorithm (the object Tune ran, restored or not)."""
     from augtune.search.callbacks import StepStatuses
-    from augtune.search.tune_internals import run_config_of, search_algorithm_of
+    from augtune.search.adapters import run_config_of, search_algorithm_of
 
     config = run_config_of(tuner)
     algorithm = search_algorithm_of(tuner)
@@ -237,7 +237,7 @@ def finish(tuner, experiment: str) -> Any:
     """Run the Tuner of a search and its repeat (new or restored) to its end, or say why it did not end;
     its results (Tune's `ResultGrid`)."""
     from augtune.search.repeat import SearchThenRepeat
-    from augtune.search.tune_internals import search_algorithm_of
+    from augtune.search.adapters import search_algorithm_of
 
     if not isinstance(search_algorithm_of(tuner), SearchThenRepeat):
         raise ConfigError(f"{experiment}: started by an augtune older than 0.3, whose repeat phase was a "
@@ -285,7 +285,7 @@ def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: boo
     from ray import tune
 
     from augtune.search.trust import TUNER_SIGNATURES, sign, verify
-    from augtune.search.tune_internals import hold_copies_while_saving
+    from augtune.search.adapters import hold_copies_while_saving
 
     hold_copies_while_saving()  # each copy of Tune's state to the folder starts from signed files
     with Lock(run.experiment):  # before Ray starts: a folder in use is refused at once
@@ -336,7 +336,7 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
         from augtune.search.repeat import RepeatBest
         from augtune.search.schedulers import scheduling
         from augtune.search.searchers import searcher
-        from augtune.search.tune_internals import restorable
+        from augtune.search.adapters import restorable
         from augtune.spaces import resolve_space
 
         if lost:

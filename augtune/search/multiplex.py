@@ -14,7 +14,7 @@ trial holds only Tune's files.
 
 `EntrantsSearch` hands out the entrants' trials in turn (each entrant's next one when its own searcher
 has one), routes results to the entrant's searcher, and saves every entrant's searcher in one file: one
-snapshot, restored and reconciled with the trials Tune restored (`tune_internals.ReconcilingSearchGenerator`).
+snapshot, restored and reconciled with the trials Tune restored (`adapters.ReconcilingSearchGenerator`).
 `EntrantsScheduler` routes each trial to its entrant's scheduler.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def entrant_of(trial_or_result) -> Optional[str]:
 
 class EntrantsSearch(SearchAlgorithm):
     """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
-    algorithm as `tune_internals.restorable` makes it, the constants of its space, its budget) as one, at most
+    algorithm as `adapters.restorable` makes it, the constants of its space, its budget) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
     `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still
     hold how many run at once)."""
@@ -73,7 +73,7 @@ class EntrantsSearch(SearchAlgorithm):
     def add_configurations(self, experiments) -> None:
         """Tune's one experiment becomes one per entrant: its constants and its name in the config, its
         budget of trials."""
-        from augtune.search.tune_internals import experiment_of
+        from augtune.search.adapters import experiment_of
 
         experiment = experiment_of(experiments)
         for name, sub in self._subs.items():
@@ -140,7 +140,7 @@ class EntrantsSearch(SearchAlgorithm):
 
     def restore_from_dir(self, dirpath: str) -> None:
         """The newest snapshot, each entrant's algorithm reconciled with the trials Tune restored."""
-        from augtune.search.tune_internals import restored_trials
+        from augtune.search.adapters import restored_trials
 
         newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
         with open(newest, "rb") as f:
@@ -151,7 +151,7 @@ class EntrantsSearch(SearchAlgorithm):
             self.reconcile(trials)
 
     def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`tune_internals.RestoredTrial`), the search trials Tune restored: each
+        """Agree with `trials` (`adapters.RestoredTrial`), the search trials Tune restored: each
         entrant's algorithm with its own."""
         self._live = {t.trial_id for t in trials if not t.finished}
         mine: dict[str, list] = {name: [] for name in self._subs}
@@ -204,7 +204,7 @@ class EntrantsScheduler(FIFOScheduler):
         scheduler = self._of(trial)
         scheduler.on_trial_add(tune_controller, trial)
         if isinstance(scheduler, PopulationBasedTraining):  # PB2 too: a restored trial's clock and score
-            from augtune.search.tune_internals import resume_pbt_clock
+            from augtune.search.adapters import resume_pbt_clock
 
             resume_pbt_clock(scheduler, trial)
 

@@ -23,7 +23,7 @@ signature check too (a copy a full disk cut short is unsigned; the staging copy 
 
 What no copy can settle, a searcher whose state disagrees with the experiment's trials, is reconciled by
 the search algorithms themselves when Tune restores them (`augtune.search.searchers`), from the trial
-list that `tune_internals.restored_trials` reads.
+list that `adapters.restored_trials` reads.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def finish_interrupted_copy(experiment: str) -> list[str]:
     snapshot: taken together when the staged ones are all complete, signed by this user's augtune and at
     least as new as storage's newest, else none of them. Unsigned, they are a save the driver was killed
     in (Tune writes its state, then augtune signs it): the folder's last copy, signed, is the snapshot to
-    resume from (Tune copies only after the signature: `tune_internals.hold_copies_while_saving`)."""
+    resume from (Tune copies only after the signature: `adapters.hold_copies_while_saving`)."""
     from augtune.search.storage import names, read_bytes, write_bytes
 
     staged = staging_folder(experiment)
@@ -296,7 +296,7 @@ def settle_lost_records(run_path: str, record_folders: list[str]) -> list[str]:
     Local folders only (an object store's records are settled by the trials that own them). The
     records marked, by path."""
     from augtune.records import read_record, write_record
-    from augtune.search.tune_internals import restored_trials
+    from augtune.search.adapters import restored_trials
 
     if is_uri(run_path):
         return []

@@ -61,7 +61,7 @@ class Ended:
 
 
 class SearchThenRepeat(SearchAlgorithm):
-    """`search` (a Tune search algorithm that `tune_internals.restorable` or `multiplex.EntrantsSearch`
+    """`search` (a Tune search algorithm that `adapters.restorable` or `multiplex.EntrantsSearch`
     makes), then the repeat runs `choose` returns (each a trial config: `{REPEAT: params}`; see the module
     docstring), at most `max_concurrent` repeat trials at a time (0: no limit)."""
 
@@ -110,7 +110,7 @@ class SearchThenRepeat(SearchAlgorithm):
         return self.search.total_samples
 
     def add_configurations(self, experiments) -> None:
-        from augtune.search.tune_internals import experiment_of
+        from augtune.search.adapters import experiment_of
 
         self._experiment = experiment_of(experiments)
         self.search.add_configurations(experiments)
@@ -198,7 +198,7 @@ class SearchThenRepeat(SearchAlgorithm):
     def _make(self, index: int):
         """A Tune trial of the repeat run `runs[index]`, from the experiment's spec; its config is the run's
         alone (the search's space, whose domains it would carry, is nothing it reads)."""
-        from augtune.search.tune_internals import trial_from_spec
+        from augtune.search.adapters import trial_from_spec
 
         config = copy.deepcopy(self.runs[index])
         seed = config[REPEAT].get("train.seed", "?")
@@ -228,7 +228,7 @@ class SearchThenRepeat(SearchAlgorithm):
 
     def restore_from_dir(self, dirpath: str) -> None:
         """The newest snapshots, agreeing with the trials Tune restored (see the module docstring)."""
-        from augtune.search.tune_internals import restored_trials
+        from augtune.search.adapters import restored_trials
 
         self.search.restore_from_dir(dirpath)
         newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
@@ -245,7 +245,7 @@ class SearchThenRepeat(SearchAlgorithm):
             self.reconcile(trials)
 
     def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`tune_internals.RestoredTrial`), every trial of the run that Tune restored."""
+        """Agree with `trials` (`adapters.RestoredTrial`), every trial of the run that Tune restored."""
         search = [t for t in trials if not is_repeat(t.config)]
         repeats = [t for t in trials if is_repeat(t.config)]
         self._configs.update({t.trial_id: dict(t.config) for t in search})

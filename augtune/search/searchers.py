@@ -28,7 +28,7 @@ from ray import tune
 from ray.tune.search.sample import Categorical, Integer
 
 from augtune.config import Config, ConfigError
-from augtune.search.tune_internals import MetricResultsOptunaSearch, ReplayingVariantGenerator
+from augtune.search.adapters import MetricResultsOptunaSearch, ReplayingVariantGenerator
 from augtune.spaces import Space, constants, define_by_run_values, quiet_study, searched
 from augtune.spaces.grammar import describe, is_grid, kind
 
@@ -162,7 +162,7 @@ def check_algorithm(search_cfg: Any, space: Space) -> None:
 
 def searcher(cfg: Config, space: Space, storage: Any = None):
     """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage. The
-    algorithm is a Searcher (Optuna) or a variant generator; `tune_internals.restorable` makes it what
+    algorithm is a Searcher (Optuna) or a variant generator; `adapters.restorable` makes it what
     Tune runs."""
     s = cfg.search
     if s.algorithm == "grid":

@@ -17,7 +17,7 @@ the user's config folder (`signed.log`: every signature this user's augtune made
 writes its state, then copies it to the experiment folder file by file; a driver killed in between
 leaves a folder whose signature file is older than a state file, which the ledger still vouches for.
 Tune copies in the background and would save again while a copy may still run; augtune lets it save
-only when no copy is in flight (`tune_internals.hold_copies_while_saving`), so no copy carries a state
+only when no copy is in flight (`adapters.hold_copies_while_saving`), so no copy carries a state
 file written but not yet signed.
 """
 from __future__ import annotations

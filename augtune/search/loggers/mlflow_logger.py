@@ -8,6 +8,7 @@ from typing import Optional
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from augtune.config import Config
+from augtune.search.adapters import mlflow_run_of
 from augtune.search.loggers.labels import trial_label
 
 
@@ -29,11 +30,11 @@ class MLflowByMethod(MLflowLoggerCallback):
         fixed = self.tags
         self.tags = {**(fixed or {}), "augtune.entrant": entrant, "augtune.phase": phase}
         try:
-            new = trial not in self._trial_runs
+            new = mlflow_run_of(self, trial) is None
             super().log_trial_start(trial)  # names the run str(trial); renamed here, once
         finally:
             self.tags = fixed
         if new:
             from mlflow.tracking import MlflowClient
 
-            MlflowClient(self.tracking_uri).update_run(self._trial_runs[trial], name=run_name)
+            MlflowClient(self.tracking_uri).update_run(mlflow_run_of(self, trial), name=run_name)

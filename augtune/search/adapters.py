@@ -1,4 +1,5 @@
-"""The one door to Ray Tune's and Optuna's internals: every private name augtune touches is here.
+"""Adapters where Ray Tune's, Optuna's and MLflow's callback's public API stops: the one module that
+touches their private names (it was `tune_internals` until 0.5).
 
 Everything else in augtune uses the two libraries' public API (`Tuner`, `Tuner.restore`,
 `Tuner.can_restore`, `ResultGrid`, `SearchAlgorithm`/`Searcher` and their `save_to_dir` /
@@ -42,6 +43,10 @@ and why augtune needs it anyway:
   the search algorithm's `save_to_dir` signs, after Tune's own write); a driver killed then leaves a
   folder `resume` rightly refuses (the CI saw it). Saving only when no copy is in flight means every
   copy starts from a signed folder. Tune has no hook before its save.
+
+- `mlflow_run_of` reads `MLflowLoggerCallback._trial_runs` (trial -> MLflow run id): the callback names
+  an MLflow run after Tune's trial and offers no way to know which run it started, which augtune renames
+  by method and phase (`augtune.search.loggers.mlflow_logger`).
 
 The versions these were written against are `SUPPORTED` (the same ranges as pyproject.toml's
 dependencies; a test checks they agree): importing this module outside them fails with one line.
@@ -438,3 +443,8 @@ def resume_pbt_clock(pbt, trial) -> None:
         state.last_score = pbt._metric_op * last[pbt._metric]
         state.last_result = dict(last)
         state.last_checkpoint = trial.checkpoint
+
+
+def mlflow_run_of(callback, trial) -> Optional[str]:
+    """The MLflow run id Ray's `MLflowLoggerCallback` started for `trial` (None before it has)."""
+    return callback._trial_runs.get(trial)
