@@ -202,3 +202,20 @@ def test_an_experiment_whose_repeat_was_a_tune_run_of_its_own_is_refused_in_one_
         search_alg=restorable(ReplayingVariantGenerator(), 2))))
     with pytest.raises(ConfigError, match="^/x/exp: started by an augtune older than 0.3"):
         finish(old, "/x/exp")
+
+
+def test_one_ranking_for_tune_results_and_records():
+    """`ranked`, the ranking `best_configs` (Tune's results) and `compare.top_of` (records) share: best first
+    by `mode`, ties to the first made, each configuration once by its signature, at most `top` per group."""
+    from augtune.search.repeat import ranked
+
+    scored = [(0.5, {"lr": 1, "m": "a"}), (0.9, {"lr": 2, "m": "a"}), (0.9, {"lr": 3, "m": "b"}),
+              (0.7, {"lr": 4, "m": "b"}), (0.9, {"lr": 2, "m": "a", "unread": 1})]
+    everything = ranked(scored, "max", 10, signature=lambda p: p)
+    assert [p["lr"] for p in everything] == [2, 3, 2, 4, 1]  # a stable sort: ties in the order made
+    once = ranked(scored, "max", 10, signature=lambda p: {k: v for k, v in p.items() if k != "unread"})
+    assert [p["lr"] for p in once] == [2, 3, 4, 1]  # what the run never reads makes no second configuration
+    assert [p["lr"] for p in ranked(scored, "min", 2, signature=lambda p: p)] == [1, 4]
+    per = ranked(scored, "max", 1, signature=lambda p: p, group=lambda p: p["m"])
+    assert [(p["m"], p["lr"]) for p in per] == [("a", 2), ("b", 3)]  # the best of each group
+    assert ranked([], "max", 3, signature=lambda p: p) == []

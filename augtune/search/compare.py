@@ -419,9 +419,10 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
     the same schedule (whatever values they ended with: the schedule sets them from epoch 1)."""
     from augtune.config import run_signature
     from augtune.records import read_record
+    from augtune.search.repeat import ranked
 
     scored = []
-    for path in sorted(folder.glob("*/record.json")):
+    for path in sorted(folder.glob("*/record.json")):  # ties keep the folders' order
         try:
             record = read_record(path)
         except (OSError, ValueError):
@@ -430,19 +431,16 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
         if record.get("status") not in ("completed", "stopped") or not values:
             continue
         scored.append((values[-1], replayed(record)))
-    scored.sort(key=lambda vp: vp[0], reverse=mode == "max")  # stable: ties keep the folders' order
-    out, seen = [], []
-    for _, params in scored:
+
+    def signature(params: dict):
         # a schedule's first step sets its keys from epoch 1 on: a PBT trial's values at the end do not
         # change its replay (a trial that copied its donor at the last epoch is the donor's run again)
         steps = params.get("schedule") or [{}]
         ignore = set(steps[0].get("set", {})) if steps[0].get("epoch") == 1 else set()
-        read = (run_signature(params, label, ignore) if label
+        return (run_signature(params, label, ignore) if label
                 else {k: v for k, v in params.items() if k not in ignore})
-        if read not in seen:
-            seen.append(read)
-            out.append(params)
-    return out[:k]
+
+    return ranked(scored, mode, k, signature)
 
 
 def replayed(record: dict) -> dict:

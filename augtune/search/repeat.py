@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from ray import cloudpickle
 from ray.tune.search import SearchAlgorithm
@@ -288,33 +288,43 @@ def _config_of(result: dict) -> dict:
 
 # -- what a plain search repeats --------------------------------------------------------------------------
 
-def best_configs(ended: list, cfg) -> list[dict]:
-    """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
-    `repeat_best.per`, when given: the best learning rate of every method, say), by the last value of the
-    search metric each reported (an ASHA-stopped trial's at its last rung), as Tune ranks them. `ended`:
-    objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
-    from augtune.config import run_signature
-
-    rb = cfg.search.repeat_best
-    scored = [r for r in ended if r.error is None and r.metrics and cfg.search.metric in r.metrics]
-    scored.sort(key=lambda r: r.metrics[cfg.search.metric], reverse=cfg.search.mode == "max")
+def ranked(scored: list[tuple[float, dict]], mode: str, top: int, signature: Callable[[dict], Any],
+           group: Callable[[dict], Any] = lambda params: None) -> list[dict]:
+    """The one ranking of search trials, by the last value of the search metric each reported (an
+    ASHA-stopped trial's at its last rung), as Tune ranks them: the parameter sets of `scored` ((value,
+    parameters) in the order the trials were made: ties go to the first), best first (`mode`), each
+    configuration once (`signature`: what its run reads, so two sets that differ only in keys the run never
+    reads, `pinda.mu` of a CLAE run, are one), at most `top` of each `group`. `best_configs` ranks Tune's
+    results with it, `compare.top_of` the records on disk."""
     out: list[dict] = []
+    seen: list = []
     taken: dict = {}
-    seen: list[dict] = []
-    for r in scored:
-        params = {k: v for k, v in r.config.items() if k != "train.seed"}
-        group = repr(params.get(rb.per)) if rb.per else None
-        # Two sets that differ only in keys the run never reads (`pinda.mu` of a CLAE run) are one
-        # configuration: repeat it once.
-        base = params.get("method.base", cfg.method.base)
-        label = "+".join([base, *params.get("method.augment", cfg.method.augment)])
-        read = run_signature(params, label)
-        if read in seen or taken.get(group, 0) == rb.top:
+    for _, params in sorted(scored, key=lambda vp: vp[0], reverse=mode == "max"):  # stable
+        read, kind = signature(params), group(params)
+        if read in seen or taken.get(kind, 0) == top:
             continue
         seen.append(read)
         out.append(params)
-        taken[group] = taken.get(group, 0) + 1
+        taken[kind] = taken.get(kind, 0) + 1
     return out
+
+
+def best_configs(ended: list, cfg) -> list[dict]:
+    """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
+    `repeat_best.per`, when given: the best learning rate of every method, say), `ranked`. `ended`:
+    objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
+    from augtune.config import run_signature
+
+    rb, metric = cfg.search.repeat_best, cfg.search.metric
+
+    def signature(params: dict):
+        base = params.get("method.base", cfg.method.base)
+        return run_signature(params, "+".join([base, *params.get("method.augment", cfg.method.augment)]))
+
+    scored = [(r.metrics[metric], {k: v for k, v in r.config.items() if k != "train.seed"})
+              for r in ended if r.error is None and r.metrics and metric in r.metrics]
+    return ranked(scored, cfg.search.mode, rb.top, signature,
+                  (lambda params: repr(params.get(rb.per))) if rb.per else (lambda params: None))
 
 
 @dataclass(frozen=True)
