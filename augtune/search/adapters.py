@@ -1,5 +1,5 @@
 """Adapters where Ray Tune's, Optuna's and MLflow's callback's public API stops: the one module that
-touches their private names (it was `tune_internals` until 0.5).
+touches their private names.
 
 Everything else in augtune uses the two libraries' public API (`Tuner`, `Tuner.restore`,
 `Tuner.can_restore`, `ResultGrid`, `SearchAlgorithm`/`Searcher` and their `save_to_dir` /

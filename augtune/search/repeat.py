@@ -1,11 +1,10 @@
 """A search and the repeat of its best configurations in one Tune run (imports Ray).
 
-The repeat phase re-runs the best configurations of a search on new seeds. It used to be a Tune run of its
-own, started when the search's had ended, and every one of its trial processes started again (~7 s of CPU
-each, before a trial could train). Here it is the same Tune run: `SearchThenRepeat` hands out the search
-algorithm's trials until the search has made all of them and every one has ended, then asks `choose` for
-the repeat runs (from the ended trials) and hands those out, as trials of the same run, which the trial
-processes the search started take in turn (`reuse_actors`).
+The repeat phase re-runs the best configurations of a search on new seeds, in the search's own Tune run
+(no trial process starts again: ~7 s of CPU each here, before a trial could train): `SearchThenRepeat`
+hands out the search algorithm's trials until the search has made all of them and every one has ended,
+then asks `choose` for the repeat runs (from the ended trials) and hands those out, as trials of the same
+run, which the trial processes the search started take in turn (`reuse_actors`).
 
 A repeat trial's config is its whole parameter set under `REPEAT` (and, in a compare, its entrant):
 what trains reads nothing of the search's space. Its record goes to the repeat folder (`repeat_best/`,
