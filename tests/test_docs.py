@@ -87,8 +87,10 @@ def test_the_built_pages_hold_the_tables_generated_from_the_code(site):
 
     methods = (site / "methods" / "index.html").read_text(encoding="utf-8")
     evaluation = (site / "reference" / "evaluation" / "index.html").read_text(encoding="utf-8")
-    for page in (methods, evaluation):
-        assert "<!-- augtune:" not in page  # no marker left unfilled
+    results = (site / "results" / "index.html").read_text(encoding="utf-8")
+    for page in (methods, evaluation, results):
+        assert "<!-- augtune:" not in page and "--8&lt;--" not in page and "--8<--" not in page  # all filled
+    assert "<code>knn_acc</code>" in evaluation and "<code>cluster_k</code>" in evaluation  # eval.metrics
     for name, cls in [*BASES.items(), *AUGMENTATIONS.items()]:
         assert f"<code>{name}</code>" in methods
         assert f'href="../reference/methods/#{cls.__module__}.{cls.__qualname__}"' in methods

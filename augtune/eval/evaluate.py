@@ -2,7 +2,8 @@
 
 Each registry entry takes ``(train_x, train_y, test_x, test_y, num_classes, cfg, seed)`` and returns
 a flat dict of the metric names of docs/contributing.md (Naming) it produces. Adding a metric (e.g.
-``cluster`` for UMAP + GridShift) is one function and one entry here.
+``cluster`` for UMAP + GridShift) is one function and an entry in each of ``METRICS``, ``OUTPUTS`` and
+``DESCRIPTIONS`` here.
 """
 from __future__ import annotations
 
@@ -74,15 +75,15 @@ def _label_free(name: str) -> Metric:
     return score
 
 
-METRICS: dict[str, Metric] = {
-    "knn": _knn,  # -> knn_acc
-    "sr": _sr,  # -> sr_acc
-    "linear": _linear,  # -> linear_acc
-    "kmeans": _kmeans,  # -> kmeans_acc, kmeans_nmi, kmeans_ari
-    "cluster": _cluster,  # -> cluster_acc, cluster_nmi, cluster_ari, cluster_k
-    "rankme": _label_free("rankme"),  # -> rankme (effective rank; no labels read)
-    "uniformity": _label_free("uniformity"),  # -> uniformity (lower is better; no labels read)
-    "alignment": _label_free("alignment"),  # -> alignment (two views of each row; lower is better)
+METRICS: dict[str, Metric] = {  # what each produces: OUTPUTS; what it measures: DESCRIPTIONS
+    "knn": _knn,
+    "sr": _sr,
+    "linear": _linear,
+    "kmeans": _kmeans,
+    "cluster": _cluster,
+    "rankme": _label_free("rankme"),
+    "uniformity": _label_free("uniformity"),
+    "alignment": _label_free("alignment"),
 }
 
 
@@ -96,6 +97,25 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "rankme": ("rankme",),
     "uniformity": ("uniformity",),
     "alignment": ("alignment",),
+}
+
+# What each entry measures, said once: the docs hook (docs/hooks/tables.py) writes the metrics table of
+# docs/reference/evaluation.md from this, `OUTPUTS` and the names of `METRICS`, and stops the build when
+# the three name different entries. Markdown; the settings named are in the config reference.
+DESCRIPTIONS: dict[str, str] = {
+    "knn": "k-NN accuracy (k = `eval.knn_k`, cosine, the train split as memory)",
+    "sr": "softmax regression: one linear layer trained with Adam (`eval.sr_lr`, `eval.sr_epochs`, "
+          "`eval.sr_batch_size`: PiNDA B.3's settings by default)",
+    "linear": "L2 logistic regression, C chosen on a stratified validation part of train "
+              "(`eval.linear_val_fraction`)",
+    "kmeans": "k-means with k = the number of classes, on the test features; accuracy by Hungarian matching "
+              "on the rectangular confusion matrix",
+    "cluster": "clustering *without* k, as NRCC §3.6.2 (UMAP, then `eval.cluster`: GridShift by default); "
+               "`cluster_k` is how many clusters it found",
+    "rankme": "effective rank of the held-out features (RankMe); no label read",
+    "uniformity": "Wang & Isola's uniformity of the held-out features; lower is better; no label read",
+    "alignment": "Wang & Isola's alignment of two training views of each held-out row; lower is better; "
+                 "no label read",
 }
 
 

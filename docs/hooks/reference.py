@@ -423,6 +423,7 @@ def _registry_names(tree: ast.Module, how: str, name) -> list[str]:
 
 
 def _cell(text: str) -> str:
+    """`text` as one markdown table cell, shown as written. docs/hooks/tables.py uses this one too."""
     return (text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
             .replace("*", "\\*").replace("\n", " "))
 

@@ -13,7 +13,21 @@ name changed in the code changes the page (or stops the build, saying which name
   `augtune.records.RECORD_FIELDS`. A field the code writes that `RECORD_FIELDS` does not describe, or
   one it describes that the code no longer writes, stops the build with its name;
 - the code reference of those classes (`docs/reference/methods.md`): one mkdocstrings directive per
-  registered class, so that every class the tables and the method pages cross-reference is rendered.
+  registered class, so that every class the tables and the method pages cross-reference is rendered;
+- the `eval.metrics` entries (`docs/reference/evaluation.md`), from `METRICS`, `OUTPUTS` (their record
+  keys) and `DESCRIPTIONS` (what each measures) in augtune/eval/evaluate.py; entries the three do not
+  all name stop the build;
+- the README's table of the four papers' methods, which GitHub shows without this hook: the registered
+  augmentations with a page in docs/methods/, each with its paper (the citation that opens its page),
+  its class's line and its page. `python docs/hooks/tables.py` rewrites it between the README's
+  `<!-- methods: begin -->` and `<!-- methods: end -->`; tests/test_docs_tables.py holds them equal;
+- the main job's answer in the results page's "Current answers" table: the first metric's column and
+  the "Plainly" paragraph of the verdict the run generated (docs/snippets/main-job-verdict.md).
+
+It also includes a snippet inside a line, where pymdownx.snippets (which includes whole lines) cannot:
+`--8<-- "docs/snippets/answers/NAME.md"` within a table cell or a sentence becomes that file's one line.
+An answer stated both in `docs/results.md`'s "Current answers" table and in the section below it is
+written once so, in docs/snippets/answers/.
 
 Everything is read with `ast`, as docs/hooks/reference.py reads the config: nothing of augtune is
 imported, so building the docs needs neither torch nor Ray. tests/test_docs_tables.py imports this file
@@ -22,6 +36,8 @@ record that a run writes.
 """
 
 import ast
+import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +45,11 @@ ROOT = Path(__file__).resolve().parents[2]
 METHODS = Path("augtune/methods/__init__.py")
 SPACES = Path("augtune/spaces/__init__.py")
 PLOTS = Path("augtune/plots/__init__.py")
+EVALUATE = Path("augtune/eval/evaluate.py")
+README = Path("README.md")
+README_METHODS = ("<!-- methods: begin -->\n", "\n<!-- methods: end -->")  # the generated table between
+VERDICT = Path("docs/snippets/main-job-verdict.md")  # written by benchmarks/verdict_snippet.py
+SNIPPETS = Path("docs/snippets")
 # the modules that write a run's record: a key they set is a field of record.json
 WRITERS = (Path("augtune/records.py"), Path("augtune/trainables/run.py"),
            Path("augtune/trainables/ray_trainable.py"), Path("augtune/plots/__init__.py"),
@@ -40,7 +61,8 @@ FIGURES_MARKER = ("reference/evaluation.md", "<!-- augtune:figures -->")
 FIELDS_MARKER = ("reference/evaluation.md", "<!-- augtune:record-fields -->")
 BASE_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:base-classes -->")
 METHOD_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:method-classes -->")
-
+METRICS_MARKER = ("reference/evaluation.md", "<!-- augtune:eval-metrics -->")
+MAIN_JOB_MARKER = ("results.md", "<!-- augtune:main-job-answer -->")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,11 +317,42 @@ def record_fields(root: Path = ROOT) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The evaluation's metrics
+
+
+def eval_metrics(root: Path = ROOT) -> list[tuple[str, tuple[str, ...], str]]:
+    """(entry, its record keys, what it measures) of every `eval.metrics` entry, in `METRICS`' order:
+    `OUTPUTS` and `DESCRIPTIONS` must name the same entries, or the build stops with the difference."""
+    tree = _parse(root, EVALUATE)
+    names = [name for name, _ in _registry(tree, "METRICS")]
+    found = {}
+    for dict_name in ("OUTPUTS", "DESCRIPTIONS"):
+        value = _assigned(tree, dict_name)
+        if value is None:
+            raise RuntimeError(f"docs/hooks/tables.py: {EVALUATE} defines no {dict_name}")
+        found[dict_name] = ast.literal_eval(value)
+        if set(found[dict_name]) != set(names):
+            raise RuntimeError(
+                f"{EVALUATE}: {dict_name} and METRICS name different entries: only in METRICS "
+                f"{sorted(set(names) - set(found[dict_name]))}, only in {dict_name} "
+                f"{sorted(set(found[dict_name]) - set(names))}")
+    return [(n, tuple(found["OUTPUTS"][n]), found["DESCRIPTIONS"][n]) for n in names]
+
+
+# ---------------------------------------------------------------------------------------------
 # Markdown
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
+def _sibling(name: str):
+    """Another hook of this folder, loaded by its path (the hooks are files, not a package)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"augtune_docs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_cell = _sibling("reference")._cell  # text escaped for a table cell: one definition, in reference.py
 
 
 def _code(names) -> str:
@@ -349,6 +402,12 @@ def fields_markdown(root: Path = ROOT) -> str:
     return "\n".join(rows)
 
 
+def metrics_markdown(root: Path = ROOT) -> str:
+    rows = ["| `eval.metrics` entry | record keys | what |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {_code(keys)} | {what} |" for name, keys, what in eval_metrics(root)]
+    return "\n".join(rows)
+
+
 def base_classes_markdown(root: Path = ROOT) -> str:
     """mkdocstrings' directives for the bases: each module (its docstring is the base's line) with its
     class, which the tables and the method pages cross-reference."""
@@ -365,9 +424,98 @@ def method_classes_markdown(root: Path = ROOT) -> str:
     return "\n\n".join(f"::: {e.qualname}\n    options:\n      heading_level: 3" for e in methods(root))
 
 
+def _paper(page: Path) -> str:
+    """The citation a method page opens with (`Zhang, Xu, Huang and Li, *Title*`), its authors cut to the
+    first: `Zhang et al., *Title*`."""
+    paragraphs = [p for p in page.read_text(encoding="utf-8").split("\n\n") if not p.startswith("#")]
+    first = " ".join(paragraphs[0].split()) if paragraphs else ""
+    found = re.match(r"(?P<authors>[^*]+?),\s+\*(?P<title>[^*]+)\*", first)
+    if found is None:
+        raise RuntimeError(f"{page}: its first paragraph does not open with its paper (`Authors, *Title*`)")
+    authors = re.split(r",\s*|\s+and\s+", found["authors"])
+    return f"{authors[0]}{' et al.' if len(authors) > 1 else ''}, *{found['title']}*"
+
+
+def readme_methods_markdown(root: Path = ROOT) -> str:
+    """The README's table of the papers' methods: every registered augmentation with a page of its own
+    (docs/methods/NAME.md), its paper, its line in `augtune methods` and its page."""
+    rows = ["| method | paper | what (`augtune methods`) | docs |", "| --- | --- | --- | --- |"]
+    for e in methods(root):
+        page = root / "docs" / "methods" / f"{e.name}.md"
+        if page.is_file():
+            name = e.qualname.rsplit(".", 1)[1]
+            rows.append(f"| {name} | {_paper(page)} | {_cell(e.doc)} | [{name}](docs/methods/{e.name}.md) |")
+    return "\n".join(rows)
+
+
+def write_readme(root: Path = ROOT) -> bool:
+    """Rewrite the README's methods table from the code; True if it changed."""
+    path = root / README
+    text = path.read_text(encoding="utf-8")
+    begin, end = README_METHODS
+    if begin not in text or end not in text:
+        raise RuntimeError(f"{README} lost its markers {begin.strip()} / {end.strip()}")
+    head, rest = text.split(begin, 1)
+    new = head + begin + readme_methods_markdown(root) + end + rest.split(end, 1)[1]
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def _row(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def main_job_answer(root: Path = ROOT) -> str:
+    """One table cell: the main job's first metric, entrant by entrant, and its verdict's "Plainly"
+    paragraph, both as the run wrote them into docs/snippets/main-job-verdict.md."""
+    lines = (root / VERDICT).read_text(encoding="utf-8").splitlines()
+    table = lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    plainly = [line for line in lines if line.startswith("Plainly: ")]
+    if len(table) < 3 or _row(table[0])[0] != "entrant" or not plainly:
+        raise RuntimeError(f"{VERDICT}: no verdict table (`| entrant | METRIC | ...`) or no `Plainly:` line")
+    metric = _row(table[0])[1]
+    means = ", ".join(f"{row[0]} {row[1]}" for row in map(_row, table[2:]))
+    return f"{metric}, mean ± sd (seeds): {means}. {plainly[0]}".replace("|", "\\|")
+
+
 TABLES = {BASES_MARKER: bases_markdown, METHODS_MARKER: methods_markdown, FIGURES_MARKER: figures_markdown,
           FIELDS_MARKER: fields_markdown, BASE_CLASSES_MARKER: base_classes_markdown,
-          METHOD_CLASSES_MARKER: method_classes_markdown}
+          METHOD_CLASSES_MARKER: method_classes_markdown, METRICS_MARKER: metrics_markdown,
+          MAIN_JOB_MARKER: main_job_answer}
+
+
+# ---------------------------------------------------------------------------------------------
+# Snippets inside a line
+
+_INLINE = re.compile(r'(?<!`)--8<-- "(?P<path>docs/snippets/[^"\n]+)"')
+_BLOCK = re.compile(r'\s*-+8<-+\s+"[^"\n]+"\s*')  # a line that is only an include: pymdownx's
+
+
+def snippet_line(root: Path, path: str) -> str:
+    """The text of a snippet included inside a line: one line, or the build stops naming it."""
+    file = root / path
+    if not file.is_file():
+        raise RuntimeError(f"--8<-- {path!r}: no such snippet")
+    text = file.read_text(encoding="utf-8").strip()
+    if "\n" in text or "--8<--" in text:
+        raise RuntimeError(f"--8<-- {path!r}: a snippet included inside a line must be one line, "
+                           "with no include of its own")
+    return text
+
+
+def inline_snippets(markdown_text: str, root: Path = ROOT) -> str:
+    """Each `--8<-- "docs/snippets/..."` inside a line replaced by the snippet's line; lines that are only
+    an include (pymdownx.snippets') and fenced code are left as they are, and so is one written as code
+    (a backtick before it)."""
+    out, fenced = [], False
+    for line in markdown_text.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and not _BLOCK.fullmatch(line):
+            line = _INLINE.sub(lambda m: snippet_line(root, m["path"]), line)
+        out.append(line)
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,11 +529,15 @@ def on_page_markdown(markdown_text: str, page, config, files) -> str:
             if marker not in markdown_text:
                 raise RuntimeError(f"{uri} lost its marker {marker}")
             markdown_text = markdown_text.replace(marker, make(root))
-    return markdown_text
+    return inline_snippets(markdown_text, root)
 
 
 def on_serve(server, config, builder):
     root = Path(config["config_file_path"]).resolve().parent
-    for path in {METHODS.parent, SPACES.parent, PLOTS.parent, *WRITERS}:
+    for path in {METHODS.parent, SPACES.parent, PLOTS.parent, EVALUATE, SNIPPETS, *WRITERS}:
         server.watch(str(root / path))
     return server
+
+
+if __name__ == "__main__":  # python docs/hooks/tables.py: the README's methods table from the code
+    print(f"{README}: {'rewritten' if write_readme() else 'already up to date'}")
