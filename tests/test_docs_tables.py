@@ -184,6 +184,10 @@ def test_the_readmes_methods_table_is_the_generated_one(hook):
         page = " ".join((ROOT / "docs" / "methods" / f"{name}.md").read_text(encoding="utf-8").split())
         assert f"*{title}*" in page
         assert cells[3].strip() == f"[{AUGMENTATIONS[name].__name__}](docs/methods/{name}.md)"
+    # the site's home page shows the same table, its links relative to docs/
+    home = hook.TABLES[hook.HOME_METHODS_MARKER](ROOT)
+    assert home == copy.replace("](docs/methods/", "](methods/")
+    assert hook.HOME_METHODS_MARKER[1] in (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
 
 
 def test_the_paper_is_the_citation_its_page_opens_with(hook, tmp_path):

@@ -63,6 +63,7 @@ BASE_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:base-classes -->")
 METHOD_CLASSES_MARKER = ("reference/methods.md", "<!-- augtune:method-classes -->")
 METRICS_MARKER = ("reference/evaluation.md", "<!-- augtune:eval-metrics -->")
 MAIN_JOB_MARKER = ("results.md", "<!-- augtune:main-job-answer -->")
+HOME_METHODS_MARKER = ("index.md", "<!-- augtune:papers-methods -->")  # the README's table, on the site
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,15 +437,16 @@ def _paper(page: Path) -> str:
     return f"{authors[0]}{' et al.' if len(authors) > 1 else ''}, *{found['title']}*"
 
 
-def readme_methods_markdown(root: Path = ROOT) -> str:
+def readme_methods_markdown(root: Path = ROOT, pages: str = "docs/methods") -> str:
     """The README's table of the papers' methods: every registered augmentation with a page of its own
-    (docs/methods/NAME.md), its paper, its line in `augtune methods` and its page."""
+    (docs/methods/NAME.md), its paper, its line in `augtune methods` and its page (linked under `pages`:
+    the site's home page links `methods/NAME.md`)."""
     rows = ["| method | paper | what (`augtune methods`) | docs |", "| --- | --- | --- | --- |"]
     for e in methods(root):
         page = root / "docs" / "methods" / f"{e.name}.md"
         if page.is_file():
             name = e.qualname.rsplit(".", 1)[1]
-            rows.append(f"| {name} | {_paper(page)} | {_cell(e.doc)} | [{name}](docs/methods/{e.name}.md) |")
+            rows.append(f"| {name} | {_paper(page)} | {_cell(e.doc)} | [{name}]({pages}/{e.name}.md) |")
     return "\n".join(rows)
 
 
@@ -482,7 +484,8 @@ def main_job_answer(root: Path = ROOT) -> str:
 TABLES = {BASES_MARKER: bases_markdown, METHODS_MARKER: methods_markdown, FIGURES_MARKER: figures_markdown,
           FIELDS_MARKER: fields_markdown, BASE_CLASSES_MARKER: base_classes_markdown,
           METHOD_CLASSES_MARKER: method_classes_markdown, METRICS_MARKER: metrics_markdown,
-          MAIN_JOB_MARKER: main_job_answer}
+          MAIN_JOB_MARKER: main_job_answer,
+          HOME_METHODS_MARKER: lambda root: readme_methods_markdown(root, pages="methods")}
 
 
 # ---------------------------------------------------------------------------------------------
