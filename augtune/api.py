@@ -644,7 +644,8 @@ def run_plan(plan, *, verbose: bool = False) -> Experiment:
     the experiment."""
     from augtune.plots import end_of_run_figures
     from augtune.search import run_search
-    from augtune.search.compare import ComparePlan, run_compare
+    from augtune.search.compare import ComparePlan
+    from augtune.search.tune_run import run_compare
 
     if isinstance(plan, ComparePlan):
         run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
@@ -686,7 +687,8 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
     from augtune.records import is_compare
-    from augtune.search.compare import load_compare, run_compare
+    from augtune.search.compare import load_compare
+    from augtune.search.tune_run import run_compare
     from augtune.search.experiment import is_finished
     from augtune.search.launch import hold_to_loopback
 

@@ -58,7 +58,8 @@ def test_a_method_is_entered_once_per_scheduler_a_schedule_against_a_constant(tm
         "asha", "optuna")
     assert load_config(None, ["compare.scheduler=none"]).compare.scheduler == ("none",)  # one, as before
     # Tune keeps one number of checkpoints for the run: a PBT entrant's donors must outlive their copies
-    from augtune.search.compare import kept, plan_compare
+    from augtune.search.compare import plan_compare
+    from augtune.search.tune_run import kept
     from augtune.search.schedulers import PBT_CHECKPOINTS
 
     vectors = load_config(None, ["compare.methods=[pinda]", "compare.scheduler=[asha, pbt]",

@@ -15,7 +15,7 @@ from ray.tune.experiment import Experiment, Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.config import from_dict, to_dict
-from augtune.search.launch import search_algorithm
+from augtune.search.tune_run import search_algorithm
 from augtune.search.repeat import RepeatBest, SearchThenRepeat, best_configs
 from augtune.search.adapters import ReplayingVariantGenerator, restorable
 from augtune.records import REPEAT

@@ -2,12 +2,13 @@
 
 `plan` checks everything before Ray starts; `experiment` owns an experiment folder (names, lock, plan
 file, Optuna's journal, trust); `searchers` turns a space into Tune/Optuna search algorithms;
-`launch` is the one driver that starts and resumes searches and compares on Ray; `compare` plans the
-methods head to head; `schedulers` says what each scheduler needs; `adapters` is the one door to Ray's,
-Optuna's (and MLflow's callback's) private names; `status` reads a search folder without Ray.
+`schedulers` says what each scheduler needs; `tune_run` builds the one Tune run of a search or a
+compare, which `launch`, the one driver, starts or resumes on Ray; `compare` plans the methods head to
+head; `adapters` is the one door to Ray's, Optuna's (and MLflow's callback's) private names; `status`
+reads a search folder without Ray.
 """
 from augtune.search.experiment import SearchFailed, SearchInterrupted
-from augtune.search.launch import resume_search, run_search
+from augtune.search.tune_run import resume_search, run_search
 from augtune.search.plan import SearchPlan, load_plan, plan_config, plan_search
 
 __all__ = ["SearchFailed", "SearchInterrupted", "SearchPlan", "load_plan", "plan_config", "plan_search",

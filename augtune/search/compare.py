@@ -30,7 +30,7 @@ import yaml
 
 from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
 from augtune.records import (
-    CANDIDATE, COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
+    CANDIDATE, COMPARE_FILE, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
     mode_of,
 )
 from augtune.search.schedulers import SCHEDULERS
@@ -149,7 +149,7 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
     set is the caller's to check (it has loaded it to learn its `modality`): every entrant's is the same,
     so it is not loaded again for each. `epochs`: each entrant's epochs under `compare.equal: compute`
     when an earlier plan measured them (a resume); measured here otherwise."""
-    from augtune.search import plan_config
+    from augtune.search.plan import plan_config
     from augtune.search.plan import fit_size
 
     if len(cfg.compare.metrics) == 0:
@@ -221,7 +221,7 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     sized are the cheapest entrant's, and each other entrant's run costs about as much as its."""
     import os
 
-    from augtune.search import budget as b
+    import augtune.search.budget as b
     from augtune.search.plan import concurrency
 
     start = time.monotonic()
@@ -259,7 +259,7 @@ def measure_costs(cfg: Config, modality: str) -> list:
     """Each entrant's cost (`budget.measure`: an epoch of its first configuration, timed in this process
     on the search's data), in `entrants` order."""
     from augtune.data import load_dataset
-    from augtune.search import budget as b
+    import augtune.search.budget as b
     from augtune.search.plan import selecting
     from augtune.spaces import resolve_space
 
@@ -311,97 +311,6 @@ def describe_compare(plan: ComparePlan) -> list[str]:
     lines.append(f"in all: {trials} search trials and {least}{each * len(plan.plans)} repeat runs, at most "
                  f"{most} epochs")
     return lines + ([plan.budget] if plan.budget else [])
-
-
-def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] = None):
-    """The one Tune run of a compare (`search/`): every entrant's search, then the repeat of every
-    entrant's best configuration on the shared seeds (`augtune.search.repeat`). Only the repeat's runs of
-    the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
-    shows."""
-    from ray import tune
-
-    from augtune.search.launch import TuneRun, run_config, search_algorithm
-    from augtune.search.plan import trial_resources
-    from augtune.trainables.ray_trainable import tune_entrant_trial
-
-    first = plan.plans[0]
-    cfg = first.cfg
-    path = f"{plan.experiment}/{COMPARE_SEARCH}"
-    repeats = f"{plan.experiment}/{COMPARE_REPEAT}"
-    folders = {p.name: p.experiment for p in plan.plans}
-    figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
-    race = plan.cfg.compare.race
-    trainable = tune.with_resources(
-        tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
-                             experiments=folders, repeats=repeats, on_repeat_completed=figures,
-                             tune_run=path),
-        trial_resources(cfg),
-    )
-
-    def prepare() -> None:
-        from augtune.search.experiment import clear_lost_start, save_plan
-
-        plan.save()
-        for p in plan.plans:
-            clear_lost_start(p)  # a driver killed before Tune saved anything: its study starts again
-            save_plan(p)
-
-    def start(conc: int, log: Callable[[str], None]):
-        from augtune.search.experiment import optuna_storage
-        from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
-        from augtune.search.schedulers import scheduling
-        from augtune.search.searchers import searcher
-        from augtune.search.adapters import restorable
-        from augtune.spaces import resolve_space
-
-        entrants, schedulers = {}, {}
-        for p in plan.plans:
-            space = resolve_space(p.cfg.search, p.modality)
-            algorithm, constants = searcher(p.cfg, space, optuna_storage(p))
-            entrants[p.name] = (restorable(algorithm, scheduling(p.cfg).live_trials(p.cfg, conc)), constants,
-                                p.cfg.search.num_samples)
-            own = scheduling(p.cfg).build(p.cfg, space)  # PBT's perturbations: the entrant's own domains
-            if own is not None:
-                schedulers[p.name] = own
-        then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
-                f"{race.max_seeds} seeds" if race.enabled
-                else f"each entrant's best on {len(cfg.search.repeat_best.seeds)} seeds")
-        log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
-            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
-        choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
-        populations = {p.name for p in plan.plans if scheduling(p.cfg).population}  # live whole
-        search_alg, sched = search_algorithm(EntrantsSearch(entrants, conc, populations), choose, conc,
-                                             EntrantsScheduler(schedulers))
-        total = sum(p.cfg.search.num_samples for p in plan.plans)
-        return tune.Tuner(
-            trainable,
-            param_space={},
-            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode,
-                                        search_alg=search_alg, scheduler=sched, num_samples=total,
-                                        reuse_actors=True),
-            run_config=run_config(kept(cfg, plan), COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
-                                  repeats),
-        )
-
-    return TuneRun(plan.experiment, path, cfg, trainable, prepare, start, first.address, first.dashboard,
-                   (*folders.values(), repeats))
-
-
-def kept(cfg: Config, plan: ComparePlan) -> Config:
-    """`cfg` keeping as many checkpoints per trial as its most demanding entrant needs (Tune keeps one
-    number for the run): a PBT entrant's donor checkpoint must outlive its copy."""
-    from augtune.search.schedulers import scheduling
-
-    most = max(scheduling(p.cfg).checkpoints_kept(p.cfg) for p in plan.plans)
-    return replace(cfg, search=replace(cfg.search, keep_checkpoints=most))
-
-
-def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
-                callbacks: Optional[list] = None, trust: bool = False) -> None:
-    """Start a compare, or continue it where Tune's saved state left it (`augtune resume`)."""
-    from augtune.search.launch import drive
-
-    drive(compare_run(plan, on_completed, callbacks), log, trust=trust)
 
 
 def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
@@ -642,7 +551,7 @@ class FirstSeedFigures:
 def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
     """The plan of an experiment folder that `augtune compare` wrote (for `augtune resume`)."""
     from augtune.config import safe_load
-    from augtune.search import load_plan
+    from augtune.search.plan import load_plan
     from augtune.search.experiment import check_trusted
 
     folder = Path(exp_dir).expanduser().resolve()

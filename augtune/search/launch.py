@@ -1,7 +1,7 @@
-"""The one driver of `augtune search`, `augtune compare` and `augtune resume`: connect, start or resume.
+"""The one driver of `augtune search`, `augtune compare` and `augtune resume`: Ray, then start or resume.
 
-An experiment is one Tune run (`TuneRun`): a search's trials and the repeat of its best, or every
-entrant's search of a compare and the repeat of each entrant's best (`augtune.search.compare`). `drive`
+An experiment is one Tune run (`augtune.search.tune_run.TuneRun`, built there): a search's trials and the
+repeat of its best, or every entrant's search of a compare and the repeat of each entrant's best. `drive`
 runs it, new or restored, through the same steps: the folder's lock, Ray, then `Tuner.restore` when
 Tune saved a state there (`augtune resume`, or a compare started again) or a new Tuner, and `finish`.
 The plan (`augtune.search.plan`) has checked everything before this module starts Ray. Here:
@@ -24,18 +24,18 @@ The plan (`augtune.search.plan`) has checked everything before this module start
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
-from augtune.config import Config, ConfigError, to_dict
-from augtune.records import REPEAT_DIR, SEARCH_FILE
+from augtune.config import Config, ConfigError
 from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
-                                       clear_lost_start, mark_finished, optuna_storage,
-                                       save_plan)
-from augtune.search.plan import SearchPlan, concurrency, trial_needs, trial_resources
+                                       mark_finished)
+from augtune.search.plan import concurrency, trial_needs
 from augtune.search.recovery import finish_interrupted_copy, prepare_restore, settle_lost_records
-from augtune.search.storage import exists, is_uri
+from augtune.search.storage import is_uri
+
+if TYPE_CHECKING:
+    from augtune.search.tune_run import TuneRun
 
 FINISHED = ("TERMINATED", "ERROR")
 # Ray's node address is 127.0.0.1 when this is 0 (ray_constants reads it when Ray is imported): every
@@ -45,8 +45,8 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # longer, and the raylet then aborts): the second try at starting a local Ray waits a minute
 AGENT_TIMEOUT_ENV, AGENT_TIMEOUT_MS = "RAY_agent_register_timeout_ms", "60000"
 TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1"  # see `connect`
-__all__ = ["RayStartFailed", "SearchFailed", "SearchInterrupted", "TuneRun", "connect", "drive", "finish",
-           "hold_to_loopback", "resume_search", "run_config", "run_search", "search_algorithm"]
+__all__ = ["RayStartFailed", "SearchFailed", "SearchInterrupted", "connect", "drive", "finish",
+           "hold_to_loopback"]
 
 
 class RayStartFailed(RuntimeError):
@@ -156,44 +156,6 @@ def check_local_auth() -> None:
                           "yourself and pass --address")
 
 
-def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
-    """The trainable of a search's Tune run: its trials keep their records in the experiment folder (or
-    URI), its repeat runs in `repeat_best/` of it; the repeat runs draw the end-of-run figures when there
-    is a repeat phase, else the search's trials do (a figure per trial, NRCC's UMAP say, costs seconds to
-    minutes each)."""
-    from ray import tune
-
-    from augtune.trainables.ray_trainable import tune_trial
-
-    repeats = plan.cfg.search.repeat_best.top > 0
-    trainable = tune.with_parameters(
-        tune_trial, base=plan.base, experiment=plan.experiment, repeats=f"{plan.experiment}/{REPEAT_DIR}",
-        on_completed=None if repeats else on_completed, on_repeat_completed=on_completed,
-        tune_run=plan.experiment,
-    )
-    return tune.with_resources(trainable, trial_resources(plan.cfg))
-
-
-def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
-                repeats: Optional[str] = None):
-    """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
-    a compare's entrants' searches, the repeat runs (`SettleRecords`). A compare's Tune run (`folders`
-    given) is nested in its experiment, and logged as it."""
-    from ray import tune
-
-    from augtune.search.callbacks import SettleRecords
-    from augtune.search.loggers import logger_callbacks
-    from augtune.search.schedulers import scheduling
-
-    return tune.RunConfig(
-        name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
-        failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=scheduling(cfg).checkpoints_kept(cfg)),
-        callbacks=[SettleRecords(folders, repeats),
-                   *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
-    )
-
-
 # -- running ----------------------------------------------------------------------------------------------
 
 def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
@@ -247,36 +209,6 @@ def finish(tuner, experiment: str) -> Any:
     return results
 
 
-def search_algorithm(search, choose, conc: int, scheduler=None):
-    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`), and the
-    scheduler: the search's own for its trials (ASHA), never one that stops a repeat run early."""
-    from augtune.search.multiplex import EntrantsScheduler
-    from augtune.search.repeat import SearchThenRepeat
-
-    if scheduler is not None and not isinstance(scheduler, EntrantsScheduler):
-        scheduler = EntrantsScheduler({None: scheduler})
-    return SearchThenRepeat(search, choose, conc), scheduler
-
-
-@dataclass(frozen=True)
-class TuneRun:
-    """One experiment as Tune runs it: a search (one entrant) or a compare (one per method).
-
-    `prepare()` writes what a new run starts from (its plan files: a folder `augtune resume` takes, even
-    when Ray then fails to start); `start(concurrency, log)` makes the new Tuner; a restored run needs
-    only the trainable (Tune pickled the rest)."""
-
-    experiment: str  # the experiment's folder or URI: the lock and the trust check are here
-    path: str  # Tune's run in it: the experiment itself (a search) or its `search/` (a compare)
-    cfg: Config  # sizes the local Ray and the concurrency
-    trainable: Any
-    prepare: Callable[[], None]
-    start: Callable[[int, Callable[[str], None]], Any]
-    address: Optional[str] = None
-    dashboard: bool = False
-    records: tuple[str, ...] = ()  # the folders its trials' and repeat runs' records are in
-
-
 def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: bool = False,
           trust: bool = False) -> None:
     """Run `run` to its end, new or restored (the same steps for search, compare and resume): lock the
@@ -317,61 +249,3 @@ def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: boo
             mark_finished(run.experiment)
 
 
-# -- a search -------------------------------------------------------------------------------------------
-
-def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None) -> TuneRun:
-    """The Tune run of a search and, when asked, the repeat of its best configurations (`on_completed`:
-    what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
-    trainable = search_trainable(plan, on_completed)
-    lost = exists(f"{plan.experiment}/{SEARCH_FILE}")  # resumed, but Tune saved nothing
-
-    def prepare() -> None:
-        clear_lost_start(plan)  # a driver killed before Tune saved anything: its study starts again
-        save_plan(plan)
-
-    def start(conc: int, log: Callable[[str], None]):
-        from ray import tune
-
-        from augtune.search.repeat import RepeatBest
-        from augtune.search.schedulers import scheduling
-        from augtune.search.searchers import searcher
-        from augtune.search.adapters import restorable
-        from augtune.spaces import resolve_space
-
-        if lost:
-            log("no Tune state was saved yet: starting the search from the beginning")
-        cfg = plan.cfg
-        space = resolve_space(cfg.search, plan.modality)
-        algorithm, param_space = searcher(cfg, space, optuna_storage(plan))
-        rb = cfg.search.repeat_best
-        log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
-            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
-            + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
-               + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
-        # the search algorithm holds the concurrency limit (and agrees with Tune's trials when restored)
-        own = scheduling(cfg)
-        search_alg, sched = search_algorithm(restorable(algorithm, own.live_trials(cfg, conc)),
-                                             RepeatBest(to_dict(cfg)), conc, own.build(cfg, space))
-        return tune.Tuner(
-            trainable,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
-                                        scheduler=sched, num_samples=cfg.search.num_samples,
-                                        reuse_actors=True),
-            run_config=run_config(cfg, plan.name, plan.storage, callbacks or [],
-                                  repeats=f"{plan.experiment}/{REPEAT_DIR}"),
-        )
-
-    return TuneRun(plan.experiment, plan.experiment, plan.cfg, trainable, prepare, start,
-                   plan.address, plan.dashboard, (plan.experiment, f"{plan.experiment}/{REPEAT_DIR}"))
-
-
-def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None, restart_errored: bool = False, trust: bool = False) -> None:
-    """Start a search, or continue it where Tune's saved state left it (`augtune resume`): finish the
-    search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
-    drive(search_run(plan, on_completed, callbacks), log, restart_errored, trust)
-
-
-resume_search = run_search  # one path: `drive` restores when Tune saved a state, else starts anew

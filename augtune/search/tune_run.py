@@ -1,0 +1,235 @@
+"""The Tune run of an experiment, built in one place: a search is one entrant's, a compare every entrant's.
+
+`search_run(plan)` and `compare_run(plan)` give a `TuneRun`, what `launch.drive` runs new or restored: its
+trainable, what a new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner). Both
+starts build their Tuner with `tuner`, from each entrant's search algorithm and scheduler
+(`entrant_search`), the repeat's chooser (`repeat.RepeatBest`, `compare.BestOfEach`,
+`compare.RaceOfFinalists`) and one run config (`run_config`). `run_search` and `run_compare` build and
+drive; `launch` keeps Ray and the driving, `compare` the planning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+from augtune.config import Config, to_dict
+from augtune.records import COMPARE_REPEAT, COMPARE_SEARCH, REPEAT_DIR, SEARCH_FILE
+from augtune.search.compare import BestOfEach, ComparePlan, FirstSeedFigures, RaceOfFinalists
+from augtune.search.experiment import clear_lost_start, optuna_storage, save_plan
+from augtune.search.launch import drive
+from augtune.search.plan import SearchPlan, trial_resources
+from augtune.search.schedulers import scheduling
+from augtune.search.storage import exists
+
+__all__ = ["TuneRun", "compare_run", "entrant_search", "resume_search", "run_compare", "run_config",
+           "run_search", "search_algorithm", "search_run", "tuner"]
+
+
+def search_algorithm(search, choose, conc: int, scheduler=None):
+    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`), and the
+    scheduler: the search's own for its trials (ASHA), never one that stops a repeat run early."""
+    from augtune.search.multiplex import EntrantsScheduler
+    from augtune.search.repeat import SearchThenRepeat
+
+    if scheduler is not None and not isinstance(scheduler, EntrantsScheduler):
+        scheduler = EntrantsScheduler({None: scheduler})
+    return SearchThenRepeat(search, choose, conc), scheduler
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """One experiment as Tune runs it: a search (one entrant) or a compare (one per method).
+
+    `prepare()` writes what a new run starts from (its plan files: a folder `augtune resume` takes, even
+    when Ray then fails to start); `start(concurrency, log)` makes the new Tuner; a restored run needs
+    only the trainable (Tune pickled the rest)."""
+
+    experiment: str  # the experiment's folder or URI: the lock and the trust check are here
+    path: str  # Tune's run in it: the experiment itself (a search) or its `search/` (a compare)
+    cfg: Config  # sizes the local Ray and the concurrency
+    trainable: Any
+    prepare: Callable[[], None]
+    start: Callable[[int, Callable[[str], None]], Any]
+    address: Optional[str] = None
+    dashboard: bool = False
+    records: tuple[str, ...] = ()  # the folders its trials' and repeat runs' records are in
+
+
+def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
+    """The trainable of a search's Tune run: its trials keep their records in the experiment folder (or
+    URI), its repeat runs in `repeat_best/` of it; the repeat runs draw the end-of-run figures when there
+    is a repeat phase, else the search's trials do (a figure per trial, NRCC's UMAP say, costs seconds to
+    minutes each)."""
+    from ray import tune
+
+    from augtune.trainables.ray_trainable import tune_trial
+
+    repeats = plan.cfg.search.repeat_best.top > 0
+    trainable = tune.with_parameters(
+        tune_trial, base=plan.base, experiment=plan.experiment, repeats=f"{plan.experiment}/{REPEAT_DIR}",
+        on_completed=None if repeats else on_completed, on_repeat_completed=on_completed,
+        tune_run=plan.experiment,
+    )
+    return tune.with_resources(trainable, trial_resources(plan.cfg))
+
+
+def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
+                repeats: Optional[str] = None):
+    """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
+    a compare's entrants' searches, the repeat runs (`SettleRecords`). A compare's Tune run (`folders`
+    given) is nested in its experiment, and logged as it."""
+    from ray import tune
+
+    from augtune.search.callbacks import SettleRecords
+    from augtune.search.loggers import logger_callbacks
+
+    return tune.RunConfig(
+        name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
+        failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=scheduling(cfg).checkpoints_kept(cfg)),
+        callbacks=[SettleRecords(folders, repeats),
+                   *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
+    )
+
+
+def entrant_search(plan: SearchPlan, conc: int) -> tuple[Any, dict, Any]:
+    """One entrant's (a search's) search algorithm, the constants of its space (a search's param_space) and
+    its Tune scheduler (None: FIFO). The algorithm holds the concurrency limit, the scheduler's live trials
+    (`schedulers`), and agrees with Tune's trials when restored (`adapters.restorable`)."""
+    from augtune.search.adapters import restorable
+    from augtune.search.searchers import searcher
+    from augtune.spaces import resolve_space
+
+    own = scheduling(plan.cfg)
+    space = resolve_space(plan.cfg.search, plan.modality)
+    algorithm, constants = searcher(plan.cfg, space, optuna_storage(plan))
+    return restorable(algorithm, own.live_trials(plan.cfg, conc)), constants, own.build(plan.cfg, space)
+
+
+def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, param_space: dict,
+          num_samples: int, config):
+    """The Tuner of a new run: `search`'s trials, then the repeat runs `choose` picks, in one run
+    (`search_algorithm`), on the search metric, its processes reused from trial to trial."""
+    from ray import tune
+
+    search_alg, sched = search_algorithm(search, choose, conc, scheduler)
+    return tune.Tuner(
+        trainable, param_space=param_space,
+        tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
+                                    scheduler=sched, num_samples=num_samples, reuse_actors=True),
+        run_config=config)
+
+
+# -- a search -------------------------------------------------------------------------------------------
+
+def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None) -> TuneRun:
+    """The Tune run of a search and, when asked, the repeat of its best configurations (`on_completed`:
+    what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
+    trainable = search_trainable(plan, on_completed)
+    lost = exists(f"{plan.experiment}/{SEARCH_FILE}")  # resumed, but Tune saved nothing
+
+    def prepare() -> None:
+        clear_lost_start(plan)  # a driver killed before Tune saved anything: its study starts again
+        save_plan(plan)
+
+    def start(conc: int, log: Callable[[str], None]):
+        from augtune.search.repeat import RepeatBest
+
+        if lost:
+            log("no Tune state was saved yet: starting the search from the beginning")
+        cfg = plan.cfg
+        rb = cfg.search.repeat_best
+        log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
+            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
+            + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
+               + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
+        search, param_space, own = entrant_search(plan, conc)
+        return tuner(trainable, cfg, search, RepeatBest(to_dict(cfg)), conc, own, param_space,
+                     cfg.search.num_samples,
+                     run_config(cfg, plan.name, plan.storage, callbacks or [],
+                                repeats=f"{plan.experiment}/{REPEAT_DIR}"))
+
+    return TuneRun(plan.experiment, plan.experiment, plan.cfg, trainable, prepare, start,
+                   plan.address, plan.dashboard, (plan.experiment, f"{plan.experiment}/{REPEAT_DIR}"))
+
+
+def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None, restart_errored: bool = False, trust: bool = False) -> None:
+    """Start a search, or continue it where Tune's saved state left it (`augtune resume`): finish the
+    search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
+    drive(search_run(plan, on_completed, callbacks), log, restart_errored, trust)
+
+
+resume_search = run_search  # one path: `drive` restores when Tune saved a state, else starts anew
+
+
+# -- a compare ------------------------------------------------------------------------------------------
+
+def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] = None):
+    """The one Tune run of a compare (`search/`): every entrant's search, then the repeat of every
+    entrant's best configuration on the shared seeds (`augtune.search.repeat`). Only the repeat's runs of
+    the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
+    shows."""
+    from ray import tune
+
+    from augtune.trainables.ray_trainable import tune_entrant_trial
+
+    first = plan.plans[0]
+    cfg = first.cfg
+    path = f"{plan.experiment}/{COMPARE_SEARCH}"
+    repeats = f"{plan.experiment}/{COMPARE_REPEAT}"
+    folders = {p.name: p.experiment for p in plan.plans}
+    figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
+    race = plan.cfg.compare.race
+    trainable = tune.with_resources(
+        tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
+                             experiments=folders, repeats=repeats, on_repeat_completed=figures,
+                             tune_run=path),
+        trial_resources(cfg),
+    )
+
+    def prepare() -> None:
+        from augtune.search.experiment import clear_lost_start, save_plan
+
+        plan.save()
+        for p in plan.plans:
+            clear_lost_start(p)  # a driver killed before Tune saved anything: its study starts again
+            save_plan(p)
+
+    def start(conc: int, log: Callable[[str], None]):
+        from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
+
+        entrants, schedulers = {}, {}
+        for p in plan.plans:
+            search, constants, own = entrant_search(p, conc)
+            entrants[p.name] = (search, constants, p.cfg.search.num_samples)
+            if own is not None:
+                schedulers[p.name] = own  # PBT's perturbations: the entrant's own domains
+        then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
+                f"{race.max_seeds} seeds" if race.enabled
+                else f"each entrant's best on {len(cfg.search.repeat_best.seeds)} seeds")
+        log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
+            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
+        choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
+        populations = {p.name for p in plan.plans if scheduling(p.cfg).population}  # live whole
+        return tuner(trainable, cfg, EntrantsSearch(entrants, conc, populations), choose, conc,
+                     EntrantsScheduler(schedulers), {}, sum(p.cfg.search.num_samples for p in plan.plans),
+                     run_config(kept(cfg, plan), COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
+                                repeats))
+
+    return TuneRun(plan.experiment, path, cfg, trainable, prepare, start, first.address, first.dashboard,
+                   (*folders.values(), repeats))
+
+
+def kept(cfg: Config, plan: ComparePlan) -> Config:
+    """`cfg` keeping as many checkpoints per trial as its most demanding entrant needs (Tune keeps one
+    number for the run): a PBT entrant's donor checkpoint must outlive its copy."""
+    most = max(scheduling(p.cfg).checkpoints_kept(p.cfg) for p in plan.plans)
+    return replace(cfg, search=replace(cfg.search, keep_checkpoints=most))
+
+
+def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
+                callbacks: Optional[list] = None, trust: bool = False) -> None:
+    """Start a compare, or continue it where Tune's saved state left it (`augtune resume`)."""
+    drive(compare_run(plan, on_completed, callbacks), log, trust=trust)
