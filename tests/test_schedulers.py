@@ -3,19 +3,11 @@ the plan, the Tune run and the trial need of it (docs/contributing.md, "The sear
 import typing
 
 import pytest
-from conftest import TINY_MLP
+from test_pbt import PBT  # a tiny PBT search of PiNDA
 
 from augtune.config import SCHEDULES, CompareConfig, SearchConfig, from_dict, to_dict
 from augtune.records import searched_schedule
 from augtune.search.schedulers import PBT_CHECKPOINTS, SCHEDULERS, scheduling
-
-PBT = {
-    "dataset": {"name": "digits", "as_vectors": True, "max_train": 128, "max_test": 64},
-    "model": TINY_MLP,
-    "train": {"epochs": 6, "batch_size": 32},
-    "search": {"space": "pinda", "algorithm": "random", "num_samples": 4, "scheduler": "pbt",
-               "pbt": {"interval": 2, "mutate": ["pinda.penalty", "train.lr"]}},
-}
 
 
 def test_the_registry_names_every_scheduler_the_config_allows_and_only_those():
