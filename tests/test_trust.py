@@ -37,7 +37,7 @@ class Started(Exception):
 
 
 def stop_before_ray(monkeypatch) -> None:
-    """`launch.run_search` raises Started where it would start Ray (its restore's mending skipped)."""
+    """`tune_run.run_search` raises Started where it would start Ray (its restore's mending skipped)."""
     from augtune.search import launch
 
     def connect(*args, **kwargs):
@@ -220,7 +220,7 @@ def test_a_copy_of_tunes_state_never_carries_a_file_saved_but_not_yet_signed(tmp
 
 def test_trust_proceeds_and_signs_for_next_time(tmp_path, monkeypatch):
     """`--trust`: the user's word; nothing is verified, and the folder is signed (no second --trust)."""
-    from augtune.search import launch
+    from augtune.search import tune_run
     from augtune.search.plan import load_plan
 
     exp = _folder(tmp_path, pickle.dumps({"benign": 1}))
@@ -228,9 +228,9 @@ def test_trust_proceeds_and_signs_for_next_time(tmp_path, monkeypatch):
 
     stop_before_ray(monkeypatch)
     with pytest.raises(trust.Untrusted):
-        launch.run_search(plan, log=lambda line: None)
+        tune_run.run_search(plan, log=lambda line: None)
     with pytest.raises(Started):  # past the check: it would start Ray now
-        launch.run_search(plan, log=lambda line: None, trust=True)
+        tune_run.run_search(plan, log=lambda line: None, trust=True)
     trust.verify(str(exp))
 
 
@@ -276,7 +276,7 @@ def test_a_pickle_cut_short_by_a_full_disk_is_taken_whole_from_the_staging_copy_
     signed, but the staging copy on this machine is whole and signed. `resume` finishes the copy from it
     (bytes only, `recovery.finish_interrupted_copy`) before checking signatures, then accepts the folder;
     a staged pickle this user's augtune did not sign is still refused after the copy."""
-    from augtune.search import launch
+    from augtune.search import tune_run
     from augtune.search.plan import load_plan
     from augtune.search.recovery import finish_interrupted_copy
 
@@ -299,7 +299,7 @@ def test_a_pickle_cut_short_by_a_full_disk_is_taken_whole_from_the_staging_copy_
 
     stop_before_ray(monkeypatch)
     with pytest.raises(Started):  # past the signature check: it would start Ray now
-        launch.run_search(load_plan(str(exp)), log=lambda line: None)
+        tune_run.run_search(load_plan(str(exp)), log=lambda line: None)
     assert (exp / state).read_bytes() == whole
     trust.verify(str(exp))
 
