@@ -8,8 +8,8 @@ SimCLR + DiffAug with the schedule A:1,B:1,A:1 scaled to `--epochs`. Prints
 
 - the mean epoch time of SimCLR, of DiffAug's A-epochs before the first B-step (soft contrastive
   loss, ordinary views), of its B-epochs (diffusion loss), of its A-epochs with generated positives,
-  and the per-epoch refresh of the generated-positive buffer (the whole train set, strided sampler),
-  each with its ratio to SimCLR's epoch;
+  and the per-epoch refresh of the generated positives (the ~lambda N samples the epoch replaces,
+  strided sampler), each with its ratio to SimCLR's epoch, and an A-epoch with its refresh (the sum);
 - the time to generate 1000 samples with the trained EMA generator, ancestral over all T steps and
   strided over `diffaug.sample_steps`;
 - the per-epoch refresh as it is (positives for the ~lambda N samples the epoch replaces) beside the
@@ -111,6 +111,10 @@ def main() -> None:
     for k, v in rows.items():
         mean = sum(v) / len(v)
         print(f"{k:34s} {mean:9.3f} {mean / base:9.2f}")
+    if refresh:  # the measure: an encoder epoch with generated positives, its refresh included
+        a_epochs = rows["A epoch, generated positives"]
+        both = sum(a_epochs) / len(a_epochs) + sum(refresh) / len(refresh)
+        print(f"{'A epoch with its refresh':34s} {both:9.3f} {both / base:9.2f}")
 
     x = data.x_train[:1000].to(trainer.device)
     reps = max(1, -(-1000 // len(x)))
@@ -127,7 +131,8 @@ def main() -> None:
 
     aug.d = cfg.diffaug
     x_all = data.x_train.to(trainer.device)
-    info = StepInfo(trainer.epoch, trainer.global_step, trainer.total_steps, "A")
+    info = StepInfo(trainer.epoch, trainer.global_step, trainer.total_steps, "A",
+                    visits=trainer.visits(trainer.epoch))  # as the loop calls it
     chosen, full = [], []
     for _ in range(3):
         t0 = time.perf_counter()

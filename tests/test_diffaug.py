@@ -11,8 +11,9 @@ from augtune.checks import check_config
 from augtune.config import ConfigError, from_dict, to_dict
 from augtune.data import load_dataset
 from augtune.methods import Batch, StepInfo
-from augtune.methods.diffaug_ops import (DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, log_t_kernel,
-                                         soft_contrastive_loss, t_kernel)
+from augtune.methods.diffaug_ops import (DDPM, ResidualMLPDenoiser, UNetDenoiser, ema_update, log1p,
+                                         log_t_kernel, soft_contrastive_loss, soft_contrastive_loss_two_views,
+                                         sq_dists, t_kernel)
 from augtune.trainables.loop import Trainer
 from augtune.plots import end_of_run_figures
 
@@ -176,6 +177,82 @@ def test_soft_loss_is_continuous_as_alpha_goes_to_zero_and_pulls_positives():
         opt.step()
     d = torch.cdist(zz.detach(), z_bg)
     assert d.diagonal().mean() < 0.5 * gap0 and torch.equal(d.argmin(1), torch.arange(len(z)))
+
+
+def test_log1p_is_torchs_rounded_correctly_with_torchs_gradient():
+    """The loss's log1p (float32 on the CPU: through float64, for speed) is within half an ulp of the
+    exact value (torch's own float32 one: 0.56 here), agrees with torch's on nearly every input, and
+    has torch's gradient bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(20000, generator=g) * 1e-3, torch.rand(20000, generator=g) * 100,
+                   -torch.rand(20000, generator=g) * (1 - 1e-6), torch.tensor([0.0, 1e30])])
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ours, torchs = log1p(xa), torch.log1p(xb)
+    exact = torch.log1p(x.double())
+    spacing = torch.pow(2.0, (torch.frexp(exact.float())[1] - 24).double())  # float32's ulp there
+    ulp = lambda v: ((v.double() - exact).abs() / spacing).max()  # noqa: E731
+    assert ours.dtype == torch.float32 and ulp(ours) <= 0.5 + 1e-6 and ulp(torchs) < 1
+    assert (ours == torchs).float().mean() > 0.99
+    grad = torch.randn(x.shape, generator=g)
+    ours.backward(grad)
+    torchs.backward(grad)
+    assert torch.equal(xa.grad, xb.grad)
+    assert torch.equal(log1p(x.double()), torch.log1p(x.double()))  # other dtypes: torch's own
+
+
+@pytest.mark.parametrize("rows", [6, 64])  # cdist's exact differences up to 25 rows, its matmul above
+def test_sq_dists_is_cdist_squared_with_its_gradient(rows):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(rows, 30, generator=g), torch.randn(rows + 3, 30, generator=g) + 0.5
+    a[1] = a[0]  # a pair at distance 0 inside a, and one across
+    b[2] = a[3]
+    for other in (b, None):
+        ref_b = a if other is None else other
+        ref_a64, ref_b64 = a.double().requires_grad_(True), ref_b.double().requires_grad_(True)
+        if other is None:
+            ref_b64 = ref_a64
+        ref = torch.cdist(ref_a64, ref_b64).pow(2)
+        xa = a.clone().requires_grad_(True)
+        xb = None if other is None else other.clone().requires_grad_(True)
+        sq = sq_dists(xa, xb)
+        assert sq.dtype == torch.float32 and torch.allclose(sq.double(), ref, rtol=1e-5, atol=1e-4)
+        if other is None:
+            assert torch.all(sq.diagonal() == 0)
+        up = torch.randn(sq.shape, generator=g)
+        sq.backward(up)
+        ref.backward(up.double())
+        assert torch.allclose(xa.grad.double(), ref_a64.grad, rtol=1e-4, atol=1e-3)
+        if other is not None:
+            assert torch.allclose(xb.grad.double(), ref_b64.grad, rtol=1e-4, atol=1e-3)
+    # the hand-written backward against finite differences (float64, the matmul's path at any size)
+    from augtune.methods.diffaug_ops import _SqDists
+
+    a64, b64 = (t[:8, :5].double().requires_grad_(True) for t in (a + 0.1, b))
+    assert torch.autograd.gradcheck(lambda u, v: _SqDists.apply(u, v), (a64, b64))
+    assert torch.autograd.gradcheck(lambda u: _SqDists.apply(u, None), (a64,))
+
+
+def test_two_view_loss_is_the_mean_of_the_two_centres_losses():
+    """Q shared between the two centres (transposed): the same loss and gradients as each view in turn
+    the centre against the other (the general path), up to float32 rounding, at the example's batch."""
+    g = torch.Generator().manual_seed(0)
+    b = 64
+    base = [torch.randn(b, 40, generator=g), torch.randn(b, 8, generator=g)]
+    views = [[t + 0.3 * torch.randn(t.shape, generator=g) for t in base] for _ in range(2)]
+    same = torch.eye(b, dtype=torch.bool)
+    for nu_z in (0.01, 1.0):
+        one = [[t.clone().requires_grad_(True) for t in v] for v in views]
+        two = [[t.clone().requires_grad_(True) for t in v] for v in views]
+        (y1, z1), (y2, z2) = one
+        ours = soft_contrastive_loss_two_views(y1, z1, y2, z2, 100.0, nu_z, 1.0)
+        (u1, w1), (u2, w2) = two
+        ref = (soft_contrastive_loss(u1, w1, w2, same, 100.0, nu_z, 1.0)
+               + soft_contrastive_loss(u2, w2, w1, same, 100.0, nu_z, 1.0)) / 2
+        assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+        ours.backward()
+        ref.backward()
+        for p, q in zip([t for v in one for t in v], [t for v in two for t in v]):
+            assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6 * q.grad.abs().max())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +633,29 @@ def test_a_checkpoint_holds_the_generator_once_where_its_ema_is_the_same(tmp_pat
     assert all(torch.equal(gen[k], v) for k, v in ema_after_b.items())  # the generator is now its EMA
 
 
+def test_after_the_last_b_the_generator_becomes_its_ema_once_and_again_after_a_load(digits, monkeypatch):
+    """The copy is made at the first epoch start after the last B-phase, not at every one (the generator
+    never trains again); loading a state (a resume, a PBT exploit) makes it again at the next start."""
+    trainer = Trainer(_cfg(lam=0.5), digits, log=lambda s: None)  # A:1,B:1,A:1
+    trainer.fit()
+    method, aug = trainer.method, trainer.method.augments[0]
+    assert aug.ema_is_generator()
+    copies = []
+    load = type(aug.generator).load_state_dict
+    monkeypatch.setattr(type(aug.generator), "load_state_dict",
+                        lambda net, *a, **k: (copies.append(net is aug.generator), load(net, *a, **k))[1])
+    info = StepInfo(3, trainer.global_step, trainer.total_steps, "A")
+    method.on_epoch_start(info)
+    assert copies == []
+    with torch.no_grad():
+        next(aug.generator.parameters()).add_(1.0)  # a loaded state whose generator is not its EMA
+    method.load_state_dict(method.state_dict())
+    assert not aug.ema_is_generator()
+    copies.clear()
+    method.on_epoch_start(info)
+    assert copies == [True] and aug.ema_is_generator()
+
+
 # ---------------------------------------------------------------------------------------------
 # Images (U-Net generator) and the figures
 
@@ -634,3 +734,29 @@ def test_clipping_x0_keeps_a_briefly_trained_generator_in_the_data_range():
         s = ddpm.sample(net, c, (32,), steps, clip)
         assert torch.all((s >= clip[0]) & (s <= clip[1]))  # the last step returns the clamped x0
         assert (s.mean(1) - sign).abs().mean() < 0.2 * (free.mean(1) - sign).abs().mean()
+
+
+def test_the_refresh_generates_for_the_chosen_samples_the_epoch_visits_only(digits):
+    """The loop says at an epoch's start which samples its steps train on (the last partial batch is
+    dropped): a positive is generated for a sample both chosen and visited, never for one the epoch
+    skips; what the steps see is unchanged (the draw is the same, and no step reads an unvisited row)."""
+    cfg = to_dict(_cfg(lam=0.5))
+    cfg["train"]["batch_size"] = 48  # not a divisor of the 256 training rows: a partial batch is dropped
+    trainer = Trainer(from_dict(cfg), digits, log=lambda s: None)
+    trainer.fit(stop_after=2)
+    method, aug = trainer.method, trainer.method.augments[0]
+    n, batch = len(trainer.x_train), trainer.cfg.train.batch_size
+    for epoch in (2, 3, 4):
+        visits = trainer.visits(epoch)
+        assert len(visits) == (n // batch) * batch < n and len(set(visits.tolist())) == len(visits)
+        method.on_epoch_start(StepInfo(epoch, trainer.global_step, trainer.total_steps, "A", visits=visits))
+        visited = torch.zeros(n, dtype=torch.bool)
+        visited[visits] = True
+        chosen = aug.replacements(epoch)
+        assert torch.equal(aug.slot >= 0, chosen & visited)  # skipped samples get no positive
+        assert len(aug.positives) == int((chosen & visited).sum()) < int(chosen.sum())
+        idx = visits[:batch]  # the epoch's first step
+        x = trainer.x_train[idx]
+        out = aug.transform(Batch(x=x, views=[x + 0.01, x - 0.01], index=idx), method,
+                            StepInfo(epoch, trainer.global_step, trainer.total_steps, "A"))
+        assert torch.equal(out.extra["diffaug_replaced"], chosen[idx])  # the step's rows: the same decision

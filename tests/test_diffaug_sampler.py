@@ -191,3 +191,60 @@ def test_unknown_sample_variance_is_refused():
         ddpm.sample(_stand_in(ddpm), torch.zeros(2, 3), (4,), sample_variance="fixed_large")
     with pytest.raises(ValueError, match="sample_variance"):
         ddpm.variance(5, 4, "small")
+
+
+def _per_step_reference(ddpm: DDPM, net, cond, shape, sample_steps, clip, kind) -> torch.Tensor:
+    """The sampler as it was before its per-step coefficients were computed once per chain: each step
+    derives them from 0-d tensors, and the network embeds the condition at every call."""
+    b, dtype = cond.shape[0], ddpm.alphas_bar.dtype
+    x = torch.randn((b, *shape)).to(dtype)
+    ts = ddpm.timesteps(sample_steps)
+    one = torch.ones((), dtype=dtype)
+    for i, t in enumerate(ts):
+        eps = net(x, torch.full((b,), t), cond).to(dtype)
+        ab = ddpm.alphas_bar[t]
+        ab_prev = ddpm.alphas_bar[ts[i + 1]] if i + 1 < len(ts) else one
+        alpha = ab / ab_prev
+        beta = 1 - alpha
+        if clip is None:
+            mean = (x - beta / (1 - ab).sqrt() * eps) / alpha.sqrt()
+        else:
+            x0 = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+            x0 = torch.minimum(torch.maximum(x0, clip[0]), clip[1])
+            mean = ab_prev.sqrt() * beta / (1 - ab) * x0 + alpha.sqrt() * (1 - ab_prev) / (1 - ab) * x
+        if i + 1 == len(ts):
+            x = mean
+        else:
+            x = mean + ddpm.variance(t, ts[i + 1], kind).sqrt() * torch.randn(x.shape).to(dtype)
+    return x
+
+
+@pytest.mark.parametrize("denoiser", ["mlp", "unet"])
+@pytest.mark.parametrize("kind", SAMPLE_VARIANCES)
+@pytest.mark.parametrize("clip", [False, True])
+def test_the_chain_is_bit_for_bit_the_per_step_one(denoiser, kind, clip):
+    """`sample` computes the chain's coefficients once (`DDPM._chain`) and the condition's embedding once
+    (`embed_condition`), inside inference mode: the same samples, bit for bit, as a chain that derives
+    them at every step, in float32, in float64 and under bf16 autocast; and an ordinary tensor back."""
+    from augtune.methods.diffaug_ops import ResidualMLPDenoiser, UNetDenoiser
+
+    torch.manual_seed(0)
+    if denoiser == "mlp":
+        net, shape = ResidualMLPDenoiser(6, 3, 100, hidden=32, min_width=16), (6,)
+    else:
+        net, shape = UNetDenoiser(1, 3, width=4, emb=16), (1, 6, 6)
+    with torch.no_grad():  # the zero-initialised output layers would make every prediction 0
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    cond = torch.randn(9, 3)
+    for dtype, autocast in ((torch.float32, False), (torch.float64, False), (torch.float32, True)):
+        ddpm, n = DDPM(100).to(dtype), net.to(dtype)
+        lim = (torch.full(shape, -0.5, dtype=dtype), torch.full(shape, 0.5, dtype=dtype)) if clip else None
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            torch.manual_seed(1)
+            ours = ddpm.sample(n, cond.to(dtype), shape, 10, lim, sample_variance=kind)
+            torch.manual_seed(1)
+            ref = _per_step_reference(ddpm, n, cond.to(dtype), shape, 10, lim, kind)
+        assert torch.equal(ours, ref), (dtype, autocast)
+    assert not ours.is_inference()
+    ours.add_(1)  # in place, outside inference mode

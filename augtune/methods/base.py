@@ -58,6 +58,9 @@ class StepInfo:
     phase: str = ""  # named phase of the schedule; "" when the run has one phase
     lr: float = 0.0  # the encoder's learning rate in this step (after warm-up and schedule)
     autocast: bool = False  # whether the step's (or the epoch start's) forward passes run under bf16 autocast
+    # at an epoch's start: the samples (indices into the training split) its steps will train on, every
+    # other one left out by the last partial batch; None: every sample may be
+    visits: Optional[torch.Tensor] = None
 
     @property
     def progress(self) -> float:

@@ -19,10 +19,11 @@ How it maps onto augtune (App. B: z = H(y), y = F(x)):
   view x_c). At the start of every encoder epoch the epoch's replacements are drawn first, one
   Bernoulli(lambda) per training sample (an epoch visits each sample once), from a generator seeded by
   (train.seed, epoch) alone: independent of the data and of every other draw, the same on every DDP
-  rank and after a resume. The EMA generator then draws positives for those samples only, conditioned
-  on each one's z (encoder in eval mode: Enc(x | theta*)): about lambda N samples, not N of which
-  1 - lambda would go unused. Unlike the official code, the positives are really generated and the
-  rate is lambda.
+  rank and after a resume. The EMA generator then draws positives for those samples only, and of them
+  only for the ones the epoch's steps visit (the loop's `StepInfo.visits`: the last partial batch is
+  dropped), conditioned on each one's z (encoder in eval mode: Enc(x | theta*)): about lambda times the
+  visited samples, not N of which most would go unused. Unlike the official code, the positives are
+  really generated and the rate is lambda.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from augtune.methods.diffaug_ops import (
     UNetDenoiser,
     ema_update,
     soft_contrastive_loss,
+    soft_contrastive_loss_two_views,
 )
 
 _CHUNK = 1024  # samples generated per call while refreshing the positives (memory, not results)
@@ -93,6 +95,7 @@ class DiffAug(Augmentation):
         self._z_c: tuple | None = None  # (x, z_c): a B-step's batch and condition, for its extra updates
         # the last epoch of a B-phase: after it the generator never trains again (None: sync trains always)
         self.last_b = None if self.sync else self._last_b_epoch(cfg)
+        self._ema_loaded = False  # the generator set to its EMA after the last B-phase (reset by a load)
         self.register_state_dict_post_hook(_store_ema_once)
         self.register_load_state_dict_pre_hook(_restore_ema)
 
@@ -174,15 +177,22 @@ class DiffAug(Augmentation):
         return torch.rand(len(self.x_train), generator=g) < self.d.lam  # rand < 1 always: lambda 1 is all
 
     def on_epoch_start(self, method, info: StepInfo) -> None:
-        if self.last_b is not None and 0 <= self.last_b < info.epoch:
+        if self.last_b is not None and 0 <= self.last_b < info.epoch and not self._ema_loaded:
             # no B-phase follows: the generator never trains again and only its EMA samples, so the generator
-            # becomes that EMA (idempotent), which a checkpoint then holds once (_store_ema_once)
+            # becomes that EMA (idempotent, so once: until a checkpoint is loaded), which a checkpoint then
+            # holds once (_store_ema_once)
             self.generator.load_state_dict(self.ema_generator.state_dict())
+            self._ema_loaded = True
         if not (self.d.lam > 0 and int(self.updates) > 0 and self._encoder_step(info)):
             self.positives = self.slot = None  # before the first B-step: ordinary augmentation only
             return
         device = next(self.generator.parameters()).device
-        chosen = self.replacements(info.epoch).nonzero().squeeze(1)  # (K,) ascending sample indices
+        replaced = self.replacements(info.epoch)
+        if info.visits is not None:  # a sample the epoch never trains on needs no positive (drop_last)
+            visited = torch.zeros_like(replaced)
+            visited[info.visits.cpu()] = True
+            replaced &= visited
+        chosen = replaced.nonzero().squeeze(1)  # (K,) ascending sample indices
         slot = torch.full((len(self.x_train),), -1, dtype=torch.long)
         slot[chosen] = torch.arange(len(chosen))
         x = as_float(self.x_train[chosen].to(device))  # (K, *shape): uint8 images float once per refresh
@@ -223,6 +233,11 @@ class DiffAug(Augmentation):
         # Each view in turn is the centre view x_c; the others are its background views (eq. 3): the
         # same sample's views are positives (H = 1), every other sample's views negatives. Symmetric.
         emb = [self._embed(method, v, info) for v in batch.views]  # [(B, F), (B, proj_dim)] per view
+        if len(emb) == 2:  # the same loss, Q computed once for both centres (it is symmetric)
+            (y1, z1), (y2, z2) = emb
+            d = self.d
+            terms["scl"] = soft_contrastive_loss_two_views(y1, z1, y2, z2, d.nu_y, d.nu_z, d.alpha)
+            return terms
         b = batch.x.shape[0]
         same = torch.eye(b, dtype=torch.bool, device=batch.x.device).repeat(1, len(emb) - 1)  # (B, (V-1) B)
         losses = []
@@ -268,6 +283,7 @@ def _store_ema_once(module: DiffAug, state: dict, prefix: str, local_metadata) -
 
 def _restore_ema(module: DiffAug, state: dict, prefix: str, *args) -> None:
     """load_state_dict pre-hook: an EMA left out by `_store_ema_once` is the generator's copy."""
+    module._ema_loaded = False  # the loaded generator may not be its EMA: the next epoch start sets it again
     ema, gen = f"{prefix}ema_generator.", f"{prefix}generator."
     if not any(k.startswith(ema) for k in state):
         for k in [k for k in state if k.startswith(gen)]:

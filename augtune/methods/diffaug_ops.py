@@ -33,6 +33,35 @@ def log_t_norm(nu: float) -> float:
     return math.lgamma((nu + 1) / 2) - 0.5 * math.log(nu * math.pi) - math.lgamma(nu / 2)
 
 
+class _Log1pViaDouble(torch.autograd.Function):
+    """log1p of a float32 tensor evaluated in float64 and rounded back; the gradient is torch.log1p's
+    own, grad / (x + 1), in float32.
+
+    On the CPU, torch's float32 log1p runs ~6x slower than its float64 one (0.62 ms against 0.095 ms,
+    round trip included, for 256 x 256 values on one core, torch 2.14): six of them were half of an
+    A-step's soft contrastive loss. The value is the float32 rounding of the float64 log1p, i.e.
+    correctly rounded but for double rounding; torch's float32 one is within 0.56 ulp, and the two
+    agree bitwise on 99.5-100 % of the loss's inputs, elsewhere by one ulp.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.double().log1p_().to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad / (x + 1)  # torch.log1p's backward (log1p_backward), bit for bit
+
+
+def log1p(x: torch.Tensor) -> torch.Tensor:
+    """torch.log1p, through float64 for float32 tensors on the CPU (`_Log1pViaDouble`: the speed)."""
+    if x.dtype == torch.float32 and x.device.type == "cpu":
+        return _Log1pViaDouble.apply(x)
+    return torch.log1p(x)
+
+
 def log_t_kernel(sq_dist: torch.Tensor, nu: float) -> torch.Tensor:
     """log kappa_nu for squared distances d^2 (eq. 9): log C(nu) - (nu+1)/2 log(1 + d^2/nu).
 
@@ -40,7 +69,54 @@ def log_t_kernel(sq_dist: torch.Tensor, nu: float) -> torch.Tensor:
     underflows to log 0.
     """
     sq = sq_dist.clamp(0, _MAX_SQ)
-    return log_t_norm(nu) - (nu + 1) / 2 * torch.log1p(sq / nu)
+    return log_t_norm(nu) - (nu + 1) / 2 * log1p(sq / nu)
+
+
+class _SqDists(torch.autograd.Function):
+    """||a_i - b_j||^2 for all pairs, (N, D), (M, D) -> (N, M), as torch.cdist(a, b).pow(2) computes it
+    above 25 rows (one matmul of [-2a, |a|^2, 1] by [b, 1, |b|^2], clamped at 0), without the square root
+    and its square; b None: a against itself, whose diagonal is then exactly 0 (the matmul leaves a
+    rounding residue of |a_i|^2 there).
+
+    The backward is cdist's with the square folded in (a pair at distance 0 passes no gradient):
+    2 (a G1 - G b) for a, 2 (b G1' - G'a) for b. Against a itself one matmul by G + G' replaces cdist's
+    two (a 256 x 256 x 300 matmul less per centre and step on the example's y). Runs in float32 under
+    autocast as cdist does.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        with torch.autocast(a.device.type, enabled=False):
+            na = a.pow(2).sum(-1, keepdim=True)
+            nb = na if b is None else b.pow(2).sum(-1, keepdim=True)
+            rhs = torch.cat([a if b is None else b, torch.ones_like(nb), nb], -1)
+            sq = torch.cat([a.mul(-2), na, torch.ones_like(na)], -1).matmul(rhs.mT).clamp_min_(0)
+            if b is None:
+                sq.diagonal(dim1=-2, dim2=-1).zero_()
+        ctx.save_for_backward(a, b, sq)
+        return sq
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b, sq = ctx.saved_tensors
+        with torch.autocast(grad.device.type, enabled=False):
+            g = grad.masked_fill(sq == 0, 0)
+            if b is None:
+                g = g + g.mT
+                return 2 * (a * g.sum(-1, keepdim=True) - g.matmul(a)), None
+            ga = 2 * (a * g.sum(-1, keepdim=True) - g.matmul(b)) if ctx.needs_input_grad[0] else None
+            gb = 2 * (b * g.sum(-2).unsqueeze(-1) - g.mT.matmul(a)) if ctx.needs_input_grad[1] else None
+            return ga, gb
+
+
+def sq_dists(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared Euclidean distances in float32, (N, D), (M, D) -> (N, M); b None: a against itself.
+    torch.cdist(a, b).pow(2) up to the rounding of its square root (`_SqDists`); with at most 25 rows
+    on both sides that very expression (cdist then takes exact differences, not the matmul)."""
+    a, b = a.float(), None if b is None else b.float()
+    if a.shape[-2] <= 25 and (b is None or b.shape[-2] <= 25):
+        return torch.cdist(a, a if b is None else b).pow(2)
+    return _SqDists.apply(a, b)
 
 
 def t_kernel(a: torch.Tensor, b: torch.Tensor, nu: float) -> torch.Tensor:
@@ -78,12 +154,37 @@ def soft_contrastive_loss(
     alpha = 1 gives positives P = 1, and no gradient); log Q to [log eps, log(1 - eps)] (a far pair's
     Q underflows to 0).
     """
-    b, m = z.shape[0], z_bg.shape[0]
-    log_q = log_t_kernel(torch.cdist(z.float(), z_bg.float()).pow(2), nu_z)  # (B, M)
-    log_q = log_q.clamp(math.log(_EPS), math.log1p(-_EPS))
-    k_y = log_t_kernel(torch.cdist(y.float(), y.float()).pow(2), nu_y).exp()  # (B, B) between samples
-    p = (k_y.repeat(1, m // b) * torch.where(same, math.exp(alpha), 1.0)).clamp(0, 1)  # (B, M)
-    log_1mq = torch.log1p(-log_q.exp())  # log(1 - Q)
+    return _scl(y, *_log_q(z, z_bg, nu_z), same, nu_y, alpha)
+
+
+def soft_contrastive_loss_two_views(
+    y1: torch.Tensor, z1: torch.Tensor, y2: torch.Tensor, z2: torch.Tensor, nu_y: float, nu_z: float,
+    alpha: float,
+) -> torch.Tensor:
+    """The symmetric loss of two views, each in turn the centre against the other's views: (L(y1, z1 |
+    z2) + L(y2, z2 | z1)) / 2 of `soft_contrastive_loss` with H = identity, and the same values. Q
+    of the second centre is the first one's transposed (kappa is symmetric), so Q and log(1 - Q) are
+    computed once, with their gradients."""
+    log_q, log_1mq = _log_q(z1, z2, nu_z)  # (B, B): centre i of view 1 against view 2's j
+    same = torch.eye(y1.shape[0], dtype=torch.bool, device=y1.device)
+    first = _scl(y1, log_q, log_1mq, same, nu_y, alpha)
+    return (first + _scl(y2, log_q.mT, log_1mq.mT, same, nu_y, alpha)) / 2
+
+
+def _log_q(z: torch.Tensor, z_bg: torch.Tensor, nu_z: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log Q and log(1 - Q) of `soft_contrastive_loss`, (B, M) each; log Q clamped to [log eps,
+    log(1 - eps)]."""
+    log_q = log_t_kernel(sq_dists(z, z_bg), nu_z).clamp(math.log(_EPS), math.log1p(-_EPS))
+    return log_q, log1p(-log_q.exp())
+
+
+def _scl(y: torch.Tensor, log_q: torch.Tensor, log_1mq: torch.Tensor, same: torch.Tensor, nu_y: float,
+         alpha: float) -> torch.Tensor:
+    """`soft_contrastive_loss` from the centres' y (B, Dy), log Q and log(1 - Q) (B, M) and H (B, M)."""
+    b, m = log_q.shape
+    k_y = log_t_kernel(sq_dists(y), nu_y).exp()  # (B, B) between samples
+    k_y = k_y if m == b else k_y.repeat(1, m // b)  # (B, M)
+    p = (k_y * torch.where(same, math.exp(alpha), 1.0)).clamp(0, 1)
     return -(p * log_q + (1 - p) * log_1mq).sum(dim=1).mean()
 
 
@@ -176,30 +277,52 @@ class DDPM(nn.Module):
         amplifies by up to 1/sqrt(abar_T) ~ 150, cannot carry samples out of the data's range.
         """
         _check_variance(sample_variance)
+        with torch.inference_mode():  # no autograd bookkeeping at all (a few % of the chain on a CPU core)
+            x = self._chain_sample(net, cond, shape, sample_steps, clip, sample_variance)
+        return x.clone()  # an ordinary tensor again: the caller may modify it in place
+
+    def _chain_sample(self, net, cond, shape, sample_steps, clip, sample_variance) -> torch.Tensor:
+        """`sample`'s chain."""
         b, dtype = cond.shape[0], self.alphas_bar.dtype  # the chain runs in the schedule's dtype
         x = _normal((b, *shape), cond.device, dtype)  # delta ~ N(0, 1)
         ts = self.timesteps(sample_steps)
-        one = torch.ones((), device=cond.device, dtype=dtype)
+        c = self._chain(ts, sample_variance)  # the per-step coefficients: (len(ts),) each
+        embed = getattr(net, "embed_condition", None)  # the condition's embedding, the same at every step
+        if embed is not None:
+            cond = embed(cond, dtype)
         for i, t in enumerate(ts):
             tt = torch.full((b,), t, device=cond.device, dtype=torch.long)
-            eps = net(x, tt, cond).to(dtype)  # autocast's bf16 up
-            ab = self.alphas_bar[t]
-            ab_prev = self.alphas_bar[ts[i + 1]] if i + 1 < len(ts) else one
-            alpha = ab / ab_prev  # 1 - beta_t on the full chain
-            beta = 1 - alpha
+            eps = (net(x, tt, cond, embedded=True) if embed is not None else net(x, tt, cond)).to(dtype)
             if clip is None:
-                mean = (x - beta / (1 - ab).sqrt() * eps) / alpha.sqrt()  # eq. 7's mean
+                mean = (x - c["eps"][i] * eps) / c["sqrt_alpha"][i]  # eq. 7's mean
             else:
-                x0 = (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+                x0 = (x - c["sqrt_1mab"][i] * eps) / c["sqrt_ab"][i]
                 x0 = torch.minimum(torch.maximum(x0, clip[0]), clip[1])
                 # the posterior mean of q(x_prev | x_t, x0), equal to eq. 7's mean when x0 is not clamped
-                mean = ab_prev.sqrt() * beta / (1 - ab) * x0 + alpha.sqrt() * (1 - ab_prev) / (1 - ab) * x
+                mean = c["x0"][i] * x0 + c["xt"][i] * x
             if i + 1 == len(ts):
                 x = mean  # the last step adds no noise
             else:
-                sigma = self.variance(t, ts[i + 1], sample_variance).sqrt()
-                x = mean + sigma * _normal(x.shape, x.device, dtype)
+                x = mean + c["sigma"][i] * _normal(x.shape, x.device, dtype)
         return x
+
+    def _chain(self, ts: list[int], sample_variance: str) -> dict[str, torch.Tensor]:
+        """The coefficients of `sample`'s steps along `ts`, each a (len(ts),) tensor in the schedule's
+        dtype, computed once per chain with the very operations a step made on its 0-d tensors (so the
+        same values bit for bit): with ab = abar_t, ab_prev = abar of the next step (1 after the last),
+        alpha = ab / ab_prev and beta = 1 - alpha, eq. 7's `eps` = beta / sqrt(1 - ab) and `sqrt_alpha`,
+        the clamped x0's `sqrt_1mab` and `sqrt_ab`, the posterior mean's `x0` = sqrt(ab_prev) beta /
+        (1 - ab) and `xt` = sqrt(alpha) (1 - ab_prev) / (1 - ab), and `sigma`, the square root of
+        `variance` (its last entry, the step to x0, unused)."""
+        idx = torch.tensor(ts, device=self.alphas_bar.device)
+        ab = self.alphas_bar[idx]
+        ab_prev = torch.cat([self.alphas_bar[idx[1:]], torch.ones_like(ab[:1])])
+        alpha = ab / ab_prev  # 1 - beta_t on the full chain
+        beta = 1 - alpha
+        var = beta if sample_variance == "beta" else beta * (1 - ab_prev) / (1 - ab)  # `variance`
+        return {"eps": beta / (1 - ab).sqrt(), "sqrt_alpha": alpha.sqrt(), "sqrt_1mab": (1 - ab).sqrt(),
+                "sqrt_ab": ab.sqrt(), "x0": ab_prev.sqrt() * beta / (1 - ab),
+                "xt": alpha.sqrt() * (1 - ab_prev) / (1 - ab), "sigma": var.sqrt()}
 
 
 def _normal(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
@@ -252,10 +375,18 @@ class ResidualMLPDenoiser(nn.Module):
             nn.init.zeros_(blk[-1].weight)  # on digits the noise loss after 300 steps is 0.31, not 0.60
             nn.init.zeros_(blk[-1].bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def embed_condition(self, cond: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The condition's embedding (B, Dz) -> (B, W), for inputs x of `dtype`: what `forward` adds to
+        the time's, the same at every step of a sampling chain (`DDPM.sample` computes it once)."""
+        return self.cond(cond.to(dtype))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
+                embedded: bool = False) -> torch.Tensor:
+        """g(x_t, t, z_c): cond is z_c (B, Dz), or its `embed_condition` (B, W) if `embedded`."""
         shape = x.shape
         h = self.lift(x.flatten(1))  # (B, W)
-        c = self.time(t) + self.cond(cond.to(x.dtype))  # (B, W): added before every block
+        # (B, W): added before every block
+        c = self.time(t) + (cond if embedded else self.embed_condition(cond, x.dtype))
         e1 = self.enc[0](h + c)
         e2 = self.enc[1](e1 + c) + e1
         e3 = self.enc[2](e2 + c) + e1 + e2
@@ -330,11 +461,19 @@ class UNetDenoiser(nn.Module):
         nn.init.zeros_(self.outc.weight)  # predicts zero noise at first (as DDPM's U-Net)
         nn.init.zeros_(self.outc.bias)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def embed_condition(self, cond: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The condition's embedding (B, Dz) -> (B, emb), for inputs x of `dtype`: what `forward` adds to
+        the time's, the same at every step of a sampling chain (`DDPM.sample` computes it once)."""
+        return self.cond(cond.to(dtype))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
+                embedded: bool = False) -> torch.Tensor:
+        """g(x_t, t, z_c): cond is z_c (B, Dz), or its `embed_condition` (B, emb) if `embedded`."""
         h_in, w_in = x.shape[-2:]
         ph, pw = (-h_in) % 4, (-w_in) % 4
         x = F.pad(x, (0, pw, 0, ph))
-        e = sinusoidal(t, self.emb_dim) + self.cond(cond.to(x.dtype))  # (B, emb)
+        cond = cond if embedded else self.embed_condition(cond, x.dtype)
+        e = sinusoidal(t, self.emb_dim) + cond  # (B, emb)
         x1 = self.inc(x, e)  # (B, w, H, W)
         x2 = self.sa1(self.down1(F.max_pool2d(x1, 2), e))  # (B, 2w, H/2, W/2)
         x3 = self.sa2(self.down2(F.max_pool2d(x2, 2), e))  # (B, 4w, H/4, W/4)

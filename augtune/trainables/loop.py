@@ -217,6 +217,10 @@ class Trainer:
         g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + epoch)
         return torch.randperm(len(self.x_train), generator=g)
 
+    def visits(self, epoch: int) -> torch.Tensor:
+        """The samples `epoch`'s steps train on, in order (its permutation less the last partial batch)."""
+        return self._order(epoch)[:self.steps_per_epoch * self.cfg.train.batch_size]
+
     def _set_lr(self) -> None:
         t = self.cfg.train
         f = lr_factor(self.global_step, self.total_steps, self.warmup_steps, t.min_lr_ratio, t.schedule)
@@ -296,9 +300,10 @@ class Trainer:
         params = [p for o in active for g in o.param_groups for p in g["params"]]
         update: Update = self._update
         self.method.train()
-        opening = StepInfo(epoch, self.global_step, self.total_steps, phase, autocast=self.bf16)
+        order = self.visits(epoch)
+        opening = StepInfo(epoch, self.global_step, self.total_steps, phase, autocast=self.bf16, visits=order)
         self.method.on_epoch_start(opening)
-        order = self._order(epoch).to(self.device)
+        order = order.to(self.device)
         b_local = t.batch_size // self.world_size
         mine = slice(self.rank * b_local, (self.rank + 1) * b_local)
         # global
