@@ -682,7 +682,7 @@ def resumable(path: Union[str, Path]) -> Experiment:
 
 
 def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_errored: bool = False,
-           trust: bool = False, verbose: bool = False) -> Experiment:
+           verbose: bool = False) -> Experiment:
     """Continue an interrupted search or compare (`augtune resume`); a finished one is returned as it is."""
     from augtune.plots import end_of_run_figures
     from augtune.search import load_plan, resume_search
@@ -698,11 +698,12 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
         return exp
     if is_compare(exp.path):
         plan = load_compare(exp.path, address=address)
-        run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb, trust=trust),
+        run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb,
+                                       restart_errored=restart_errored),
                 plan.experiment, plan.plans[0].cfg, verbose)
     else:
         plan = load_plan(exp.path, address=address)
-        run_job(lambda cb: resume_search(plan, restart_errored=restart_errored, trust=trust,
+        run_job(lambda cb: resume_search(plan, restart_errored=restart_errored,
                                          on_completed=end_of_run_figures, callbacks=cb),
                 plan.experiment, plan.cfg, verbose)
     return exp

@@ -52,8 +52,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", help="the experiment's folder (<storage>/<name>)")
     r.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
     r.add_argument("--address", help="join a Ray cluster instead of starting a local one")
-    r.add_argument("--trust", action="store_true",
-                   help="load state this user's augtune did not sign (a folder from someone you trust)")
     r.set_defaults(func=cmd_resume)
 
     c = sub.add_parser("compare", help="every method head to head under one budget: a verdict and a report")
@@ -191,7 +189,7 @@ def _run_on_ray(call: Callable[[], Any], experiment: str) -> int:
 
     try:
         call()
-    except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use, untrusted state
+    except ConfigError as e:  # the cluster cannot hold one trial, the folder is in use
         raise UsageError(str(e)) from None
     except (SearchInterrupted, KeyboardInterrupt):
         print(f"\naugtune: interrupted; finished trials are kept. Continue with: augtune resume {experiment}",
@@ -305,7 +303,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"{exp.path} has finished; its {'verdict' if compare else 'table'}, from its records:")
     else:
         code = _run_on_ray(lambda: api.resume(exp.path, address=args.address, verbose=args.verbose,
-                                              restart_errored=args.restart_errored, trust=args.trust),
+                                              restart_errored=args.restart_errored),
                            exp.path)
         if code:
             return code

@@ -88,6 +88,8 @@ RECORD_FIELDS: dict[str, tuple[str, str]] = {
     "resumed_with": ("a resumed run", "each raise of `train.epochs` a resume made: old and new value, "
                                       "and the epoch"),
     "params": ("a search's trial", "its sampled {dotted key: value}; a repeat run's whole parameter set"),
+    "variant": ("a search's trial", "the parameters its searcher made it with (a PBT trial's `params` are "
+                "its values now); a resume skips the variants its records hold"),
     "phase": ("a search's trial", "`search` or `repeat`"),
     "trial": ("a search's trial", "its folder's name, as Tune names the trial"),
     "checkpoints": ("a search's trial", "where Tune keeps its checkpoints, relative to its folder, when "
@@ -109,6 +111,7 @@ REPEAT = "_repeat"
 # round that gave it out: its record keeps both as `candidate` and `round`
 CANDIDATE = "_candidate"
 ROUND = "_round"
+RESUME = "_resume"  # a trial a resume made again: where it continues from (augtune.search.resume)
 
 
 def is_uri(location: object) -> bool:

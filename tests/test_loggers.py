@@ -16,7 +16,7 @@ import yaml
 from augtune.cli import main
 from augtune.config import ConfigError, load_config
 from augtune.records import REPEAT, REPEAT_DIR
-from augtune.search.adapters import restored_trials
+from augtune.search.status import merged_states
 from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,11 +166,12 @@ def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(tmp_path):
     # Tune's trials, search and repeat (one Tune run), by their ids: a grid trial's is Tune's `a1b2c_00001`,
     # a repeat run's the 8-digit hexadecimal id Tune gives the trials a search algorithm makes
     expected = set()
-    for t in restored_trials(str(exp), repeats=True):
-        repeat = REPEAT in t.config
-        method = (t.config[REPEAT] if repeat else t.config)["method.base"]
+    for trial, _ in merged_states(exp):
+        config = trial["config"]
+        repeat = REPEAT in config
+        method = (config[REPEAT] if repeat else config)["method.base"]
         phase = "repeat seed=3" if repeat else "search"
-        expected.add(f"{method} {phase} ({t.trial_id})")
+        expected.add(f"{method} {phase} ({trial['trial_id']})")
     assert len(expected) == 4 and len(list((exp / REPEAT_DIR).glob("*/record.json"))) == 2
 
     runs = wandb_runs(exp)  # offline: every run's files are under the experiment, for `wandb sync` later

@@ -11,9 +11,9 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch, entrant_of
 from augtune.search.adapters import MetricResultsOptunaSearch
-from augtune.search.adapters import restorable
-from augtune.records import ENTRANT
-from conftest import save_tune_trials
+from augtune.search.resume import Held, settle_study
+from augtune.search.searchers import Continuing, limited
+from augtune.records import ENTRANT, RESUME
 
 SPACE = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
 
@@ -22,14 +22,28 @@ def _trainable(config):
     pass
 
 
-def _searcher(seed: int) -> MetricResultsOptunaSearch:
+def _searcher(seed: int, storage=None) -> MetricResultsOptunaSearch:
+    extra = {} if storage is None else {"storage": storage, "study_name": "augtune"}
     return MetricResultsOptunaSearch(space=dict(SPACE), metric="knn", mode="max",
-                                     sampler=optuna.samplers.RandomSampler(seed=seed))
+                                     sampler=optuna.samplers.RandomSampler(seed=seed), **extra)
 
 
-def _search(budgets: dict[str, int], limit: int = 2, populations: tuple = ()) -> EntrantsSearch:
-    entrants = {name: (restorable(_searcher(i), n if name in populations else limit), {"method.base": name},
-                       n) for i, (name, n) in enumerate(budgets.items())}
+def _search(budgets: dict[str, int], limit: int = 2, populations: tuple = (), storages: dict | None = None,
+            held: dict | None = None) -> EntrantsSearch:
+    """A compare's search of `budgets` entrants, as `tune_run` builds it; `held` (entrant -> `resume.Held`):
+    resumed from those records, each entrant's Optuna study in `storages`."""
+    entrants = {}
+    for i, (name, n) in enumerate(budgets.items()):
+        live = n if name in populations else limit
+        optuna_search = _searcher(i, (storages or {}).get(name))
+        mine = (held or {}).get(name, [])
+        numbers = {}
+        if mine:
+            study = optuna.load_study(study_name="augtune", storage=storages[name])
+            numbers = settle_study(study, mine, "knn")
+        again = [h.again() for h in mine if not h.ended]
+        entrants[name] = (Continuing(limited(optuna_search, live), live, again, [h.made for h in mine],
+                                     len(mine), optuna_search, numbers), {"method.base": name}, n)
     search = EntrantsSearch(entrants, limit, populations)
     search.set_search_properties("knn", "max", {})
     search.add_configurations([Experiment("exp", run=_trainable, config={}, storage_path=tempfile.mkdtemp(),
@@ -59,7 +73,7 @@ def test_each_entrant_gets_its_budget_in_turn_under_one_limit():
         assert len(made) <= 2
     for t in made:
         search.on_trial_complete(t.trial_id, _result(t, 0.5))
-    counts = {name: sub._counter for name, sub in search._subs.items()}
+    counts = {name: sub.inner._counter for name, sub in search._subs.items()}
     assert counts == {"simclr": 2, "byol": 3, "moco": 1}  # the budgets, none more
 
 
@@ -81,38 +95,44 @@ def test_results_reach_only_their_entrants_study():
     for t in made:
         search.on_trial_result(t.trial_id, {**_result(t, values[t.trial_id]), "training_iteration": 1})
         search.on_trial_complete(t.trial_id, _result(t, values[t.trial_id]))
-    studies = {name: sub.searcher.searcher._ot_study for name, sub in search._subs.items()}
+    studies = {name: sub.inner.searcher.searcher._ot_study for name, sub in search._subs.items()}
     assert [t.value for t in studies["a"].trials] == [0.1, 0.1]
     assert [t.value for t in studies["b"].trials] == [0.9, 0.9]
 
 
-def test_one_snapshot_restores_every_entrant_reconciled_with_tunes_trials(tmp_path):
-    from ray import cloudpickle
+def test_a_resumed_compare_makes_only_what_each_entrant_lacks_and_tells_each_study_each_trial_once():
+    """Killed with entrant a's first trial ended, its second asked of Optuna but never started, and b's
+    first part-way: resumed from the records and the journals, b's trial is made again (in its folder, told
+    to the study's trial asked for it), a's never-started one fails in its study and a asks one more, and
+    each study holds each trial once."""
+    storages = {name: optuna.storages.InMemoryStorage() for name in ("a", "b")}
+    search = _search({"a": 2, "b": 2}, storages=storages)
+    a1, b1 = _drain(search)
+    search.on_trial_complete(a1.trial_id, _result(a1, 0.4))
+    (a2,) = _drain(search)  # asked of a's study; the driver is killed before it starts
+    assert a2.config[ENTRANT] == "a"
 
-    search = _search({"a": 2, "b": 2})
-    first = _drain(search)  # a1, b1
-    search.save_to_dir(str(tmp_path), "s")  # the snapshot ...
-    ended = first[0]
-    search.on_trial_complete(ended.trial_id, _result(ended, 0.4))
-    (second,) = _drain(search)  # ... one trial (a2) behind the trials Tune saved after it
-    assert second.config[ENTRANT] == "a"
-    ended.set_status(Trial.TERMINATED)
-    ended.run_metadata.last_result = {"knn": 0.4, "config": ended.config}
-    save_tune_trials(tmp_path, [ended, first[1], second])
-    assert [p.name for p in tmp_path.glob("entrants-search-state-*")] == ["entrants-search-state-s.pkl"]
+    def held(trial: Trial, status: str, value=None) -> Held:
+        config = {k: v for k, v in trial.config.items()}
+        return Held(trial.trial_id, config, status, {"knn": value} if value is not None else {}, None,
+                    {"folder": trial.trial_id, "checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 1}, config)
 
-    restored = cloudpickle.loads(cloudpickle.dumps(_search({"a": 2, "b": 2})))
-    assert restored.has_checkpoint(str(tmp_path))
-    restored.restore_from_dir(str(tmp_path))
-    assert restored._live == {first[1].trial_id, second.trial_id}
-    assert {n: s._counter for n, s in restored._subs.items()} == {"a": 2, "b": 1}
-    assert _drain(restored) == []  # two live: no slot
-    restored.on_trial_complete(second.trial_id, _result(second, 0.6))
-    (last,) = _drain(restored)
-    assert last.config[ENTRANT] == "b"  # b's second and last trial; a has made both of its own
-    study_a = restored._subs["a"].searcher.searcher._ot_study
-    # a1 told from Tune's state (its end came after the snapshot), a2 when it ended: each once
-    assert [(t.state.name, t.value) for t in study_a.trials] == [("COMPLETE", 0.4), ("COMPLETE", 0.6)]
+    resumed = _search({"a": 2, "b": 2}, storages=storages,
+                      held={"a": [held(a1, "completed", 0.4)], "b": [held(b1, "running")]})
+    made = _drain(resumed)
+    assert sorted(t.config[ENTRANT] for t in made) == ["a", "b"]
+    again = next(t for t in made if t.config[ENTRANT] == "b")
+    assert again.config[RESUME]["folder"] == b1.trial_id and again.config["train.lr"] == b1.config["train.lr"]
+    for t in made:
+        resumed.on_trial_complete(t.trial_id, _result(t, 0.6))
+    (b2,) = _drain(resumed)  # b's second and last; a has made both of its own (a1 ended, one anew)
+    assert b2.config[ENTRANT] == "b" and RESUME not in b2.config
+    resumed.on_trial_complete(b2.trial_id, _result(b2, 0.7))
+    assert _drain(resumed) == [] and resumed.is_finished()
+    study = {name: optuna.load_study(study_name="augtune", storage=storages[name]) for name in storages}
+    assert [(t.state.name, t.value) for t in study["a"].trials] == [("COMPLETE", 0.4), ("FAIL", None),
+                                                                    ("COMPLETE", 0.6)]
+    assert [(t.state.name, t.value) for t in study["b"].trials] == [("COMPLETE", 0.6), ("COMPLETE", 0.7)]
 
 
 def _trial(name: str, trial_id: str) -> Trial:

@@ -395,16 +395,19 @@ def test_status_counts_a_pbt_trials_exploits_from_its_record():
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path):
-    """Ctrl-C once trials have passed a perturbation: exit 130; `augtune resume` finishes the same 4
-    trials, none lost, none made anew, each one that had checkpointed restored from it (its record
-    carries on: a second start in `nodes`), every epoch listed once with its values."""
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigkill after an exploit"])
+def test_a_stopped_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path, stop):
+    """Ctrl-C once trials have passed a perturbation (exit 130), or SIGKILL of the driver and its Ray once a
+    trial has copied another (a PBT exploit): `augtune resume` finishes the same 4 trials, none lost, none
+    made anew, each one that had checkpointed continued from it (its record carries on: a second start in
+    `nodes`), every epoch listed once with its values, and an exploit's lineage kept."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    from conftest import sigkill_driver
 
     write_pbt_search(tmp_path / "c.yaml", epochs=10)
     cli = [sys.executable, "-m", "augtune.cli"]
@@ -421,14 +424,25 @@ def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path
                 pass  # being replaced
         return out
 
+    def moment() -> bool:
+        now = records().values()
+        if stop == "ctrl-c":  # two trials past their first perturbation (epoch 2's checkpoint)
+            return sum(len(r["epochs"]) >= 3 for r in now) >= 2
+        return any(r.get("lineage") for r in now) and any(3 <= len(r["epochs"]) < 9 for r in now)
+
     deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None and \
-            sum(len(r["epochs"]) >= 3 for r in records().values()) < 2:
-        time.sleep(0.5)  # two trials past their first perturbation (epoch 2's checkpoint)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    while time.time() < deadline and proc.poll() is None and not moment():
+        time.sleep(0.3)
+    assert proc.poll() is None, "the search ended before the moment: " + proc.stderr.read()[-2000:]
+    if stop == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    else:
+        sigkill_driver(proc)
     before = records()
+    copies = {name: r["lineage"] for name, r in before.items() if r.get("lineage")}
+    assert stop == "ctrl-c" or copies
     resumed = subprocess.run([*cli, "resume", str(exp)], capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     after = records()
@@ -436,17 +450,20 @@ def test_ctrl_c_of_a_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path
     for name, r in after.items():
         assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == list(range(1, 11))
         assert all("knobs" in e for e in r["epochs"])
-        if len(before.get(name, {}).get("epochs", [])) >= 3:  # epoch 2 checkpointed: restored, not redone
+        if len(before.get(name, {}).get("epochs", [])) >= 3:  # epoch 2 checkpointed: continued, not redone
             assert len(r["nodes"]) >= 2, name
+    for name, lineage in copies.items():  # a copy made before the kill is still in the trial's lineage
+        assert after[name]["lineage"][:len(lineage)] == lineage, name
 
 
-def test_a_restored_trial_keeps_its_pbt_clock_and_score(tmp_path):
-    """Tune saves no scheduler: restored, every trial's PBT state started at 0, so a trial restored at
-    epoch 5 of interval 4 perturbed at epoch 6. augtune's scheduler gives it back the state it had: its
-    last perturbation at 4, its score, result and checkpoint; the next perturbation comes at 8."""
+def test_a_resumed_trial_keeps_its_pbt_clock(tmp_path):
+    """Tune's PBT starts every trial's clock at 0, so a trial a resume made again from its checkpoint at
+    epoch 4 of interval 4 (a PBT trial checkpoints where it may be perturbed) would be perturbed at epoch 5.
+    augtune's scheduler gives it back its place: its last perturbation at 4, the next at 8."""
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
+    from augtune.records import RESUME
     from augtune.search.multiplex import EntrantsScheduler
 
     class Controller:
@@ -459,18 +476,16 @@ def test_a_restored_trial_keeps_its_pbt_clock_and_score(tmp_path):
                                   hyperparam_mutations={"train.lr": [0.1, 0.2]})
     sched = EntrantsScheduler({None: pbt})
     assert sched.set_search_properties("knn_acc", "min")
-    restored, fresh = (Trial("fn", config={"train.lr": 0.1}, stub=True)
-                       for _ in range(2))
-    restored.run_metadata.last_result = {"epoch": 5, "knn_acc": 0.8}
-    for t in (restored, fresh):
+    resumed = Trial("fn", config={"train.lr": 0.1, RESUME: {"folder": "t", "epoch": 4}}, stub=True)
+    fresh = Trial("fn", config={"train.lr": 0.1}, stub=True)
+    for t in (resumed, fresh):
         sched.on_trial_add(Controller(), t)
-    state = pbt._trial_state[restored]
-    assert state.last_perturbation_time == 4 and state.last_score == -0.8  # min: PBT keeps -metric
-    assert {k: state.last_result[k] for k in ("epoch", "knn_acc")} == {"epoch": 5, "knn_acc": 0.8}
-    assert pbt._trial_state[fresh].last_perturbation_time == 0 and pbt._trial_state[fresh].last_score is None
-    decision = sched.on_trial_result(Controller(), restored, {"epoch": 6, "knn_acc": 0.7})
-    assert decision == TrialScheduler.CONTINUE
-    assert state.last_perturbation_time == 4  # not perturbed at 6: the clock kept its place
+    state = pbt._trial_state[resumed]
+    assert state.last_perturbation_time == 4 and pbt._trial_state[fresh].last_perturbation_time == 0
+    for epoch in (5, 6, 7):
+        decision = sched.on_trial_result(Controller(), resumed, {"epoch": epoch, "knn_acc": 0.7})
+        assert decision == TrialScheduler.CONTINUE
+    assert state.last_perturbation_time == 4  # not perturbed at 5: the clock kept its place
 
 
 @pytest.mark.ray

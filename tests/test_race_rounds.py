@@ -19,11 +19,12 @@ from ray import cloudpickle, tune
 from ray.tune.experiment import Experiment, Trial
 
 from augtune.config import ConfigError, load_config, to_dict
-from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND
+from augtune.records import CANDIDATE, ENTRANT, REPEAT, RESUME, ROUND
 from augtune.search.compare import FirstSeedFigures, RaceOfFinalists, race_record, top_of
 from augtune.search.repeat import Ended, SearchThenRepeat
-from augtune.search.adapters import ReplayingVariantGenerator, restorable
-from conftest import save_tune_trials, sigkill_driver
+from augtune.search.resume import Held, Records
+from augtune.search.searchers import Continuing, VariantGenerator, limited
+from conftest import sigkill_driver
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"train.lr": tune.grid_search([0.1, 0.2])}
@@ -207,8 +208,12 @@ def _trainable(config):
     pass
 
 
-def _algorithm(choose, limit: int = 4) -> SearchThenRepeat:
-    alg = SearchThenRepeat(restorable(ReplayingVariantGenerator(), limit), choose, limit)
+def _algorithm(choose, limit: int = 4, records: Records | None = None) -> SearchThenRepeat:
+    """The Tune run's algorithm, as `tune_run` builds it; `records`: resumed from what they hold."""
+    held = records.search.get(None, []) if records is not None else []
+    search = Continuing(limited(VariantGenerator(), limit), limit, [h.again() for h in held if not h.ended],
+                        [h.made for h in held], len(held))
+    alg = SearchThenRepeat(search, choose, limit, records)
     alg.set_search_properties("knn_acc", "max", GRID)
     alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
                                        resources_per_trial={"cpu": 1})])
@@ -275,20 +280,24 @@ def test_the_repeat_runs_the_race_round_by_round_to_its_stop(tmp_path):
         assert seeds == set(state.settings.seeds[:n]), c.id
 
 
-def _restored(folder: Path, choose) -> SearchThenRepeat:
-    """The algorithm as a resumed Tune run has it: unpickled as it was made, then restored from `folder`."""
-    alg = cloudpickle.loads(cloudpickle.dumps(SearchThenRepeat(restorable(ReplayingVariantGenerator(), 4),
-                                                               choose, 4)))
-    alg.restore_from_dir(str(folder))
-    return alg
+def _held(trial: Trial) -> Held:
+    """A trial as its record tells it (`resume.read_records`): one that ended with its last result, any
+    other (running when the driver was killed) with the checkpoint it continues from."""
+    config = {k: v for k, v in trial.config.items() if k != RESUME}
+    if trial.status == Trial.TERMINATED:
+        metrics = {k: v for k, v in trial.last_result.items() if k in ("knn_acc", "val_knn_acc", "epoch")}
+        return Held(trial.trial_id, config, "completed", metrics, None, {"folder": trial.trial_id}, config)
+    return Held(trial.trial_id, config, "running", {}, None,
+                {"folder": trial.trial_id, "checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 3}, config)
 
 
-@pytest.mark.parametrize("when", ["within_a_round", "between_rounds", "snapshot_before_the_repeat"])
-def test_a_restored_run_continues_the_race_where_it_stopped_with_nothing_run_twice(tmp_path, when):
-    """The driver killed (SIGKILL: Tune's state and the algorithm's snapshot are what is left) within a
-    round (some of its runs ended, some running, some not yet made), between two rounds (the last round's
-    runs all ended, the next not yet made), or with the algorithm's snapshot from before the repeat began:
-    resumed, it makes only the runs the race is missing, and the race ends as the uninterrupted one did."""
+@pytest.mark.parametrize("when", ["within_a_round", "between_rounds", "before_the_repeat"])
+def test_a_resumed_run_continues_the_race_where_it_stopped_with_nothing_run_twice(tmp_path, when):
+    """The driver killed (SIGKILL: the records are what is left) within a round (some of its runs ended,
+    some running, some not yet made), between two rounds (the last round's runs all ended, the next not
+    yet made), or before the repeat began: resumed from the records, it makes again the runs left
+    part-way (from their checkpoints), makes only the runs the race is missing, and the race ends as the
+    uninterrupted one did."""
     whole = _algorithm(_race(tmp_path / "whole"))
     _search_phase(whole)
     uninterrupted: list[Trial] = []
@@ -297,38 +306,33 @@ def test_a_restored_run_continues_the_race_where_it_stopped_with_nothing_run_twi
     choose = _race(tmp_path / "cut")
     alg = _algorithm(choose)
     search = _search_phase(alg)
-    if when == "snapshot_before_the_repeat":
-        alg.save_to_dir(str(tmp_path), "s")
-    made, live = [], _drain(alg)
-    made += live
-    target = 18 if when == "between_rounds" else 9  # round 1 has 18 runs
-    ended: list[Trial] = []
-    while len(ended) < target:
-        t = live.pop(0)
-        _end(alg, t, MEANS)
-        ended.append(t)
-        if len(ended) < target:
-            new = _drain(alg)
-            live += new
-            made += new
-    if when != "snapshot_before_the_repeat":
-        alg.save_to_dir(str(tmp_path), "s")
-    assert (len(live) > 0) == (when != "between_rounds")
-    save_tune_trials(tmp_path, search + made)  # Tune's state: the ended runs TERMINATED, the rest pending
-    restored = _restored(tmp_path, cloudpickle.loads(cloudpickle.dumps(choose)))
-    assert restored.phase == "repeat"
-    again = _drain(restored)
-    assert not {_key(t) for t in again} & {_key(t) for t in made}  # nothing Tune holds is made again
+    made, ended, live = [], [], []
+    if when != "before_the_repeat":
+        live = _drain(alg)
+        made += live
+        target = 18 if when == "between_rounds" else 9  # round 1 has 18 runs
+        while len(ended) < target:
+            t = live.pop(0)
+            _end(alg, t, MEANS)
+            ended.append(t)
+            if len(ended) < target:
+                new = _drain(alg)
+                live += new
+                made += new
+    assert (len(live) > 0) == (when == "within_a_round")
+    records = Records({None: [_held(t) for t in search]}, [_held(t) for t in made])
+    resumed = _algorithm(cloudpickle.loads(cloudpickle.dumps(choose)), records=records)
+    again = _drain(resumed)
+    assert resumed.phase == "repeat"
+    assert not {_key(t) for t in again} & {_key(t) for t in ended}  # nothing that ended is made again
+    continued = [t for t in again if RESUME in t.config]
+    assert sorted(_key(t) for t in continued) == sorted(_key(t) for t in live)  # the part-way ones go on
+    assert all(t.config[RESUME]["checkpoint"] for t in continued)
     if when == "between_rounds":
         assert again and {t.config[ROUND] for t in again} == {2}  # the next round, at once
-    # Tune runs the restored unfinished trials; they end, and the race goes on
-    for t in made:
-        if t.status != Trial.TERMINATED:
-            t.set_status(Trial.PENDING)
-    pending = [t for t in made if t.status != Trial.TERMINATED] + again
     after: list[Trial] = []
-    _finish(restored, pending, after)
-    assert restored.is_finished()
+    _finish(resumed, again, after)
+    assert resumed.is_finished()
     keys = [_key(t) for t in ended] + [_key(t) for t in after]
     assert len(keys) == len(set(keys))
     assert sorted(keys) == sorted(_key(t) for t in uninterrupted)
@@ -377,7 +381,7 @@ def test_a_race_runs_record_names_its_candidate_and_round(monkeypatch):
     from augtune.trainables import ray_trainable
 
     seen = {}
-    monkeypatch.setattr(ray_trainable, "_in_trial", lambda cfg, folder, hook, about: seen.update(about))
+    monkeypatch.setattr(ray_trainable, "_in_trial", lambda cfg, folder, hook, about, *_: seen.update(about))
     monkeypatch.setattr(ray_trainable, "TrialFolder", lambda records: SimpleNamespace(name="t"))
     run = {REPEAT: {"train.lr": 0.1, "train.seed": 12}, ENTRANT: "simclr", CANDIDATE: "simclr#2", ROUND: 1}
     ray_trainable.tune_entrant_trial(run, bases={"simclr": to_dict(load_config(None, []))},
@@ -519,29 +523,6 @@ def test_a_real_race_killed_by_sigkill_resumes_with_nothing_run_twice(tmp_path, 
 
     v = augtune.load(exp).verdict()
     assert v.race is not None and not v.unfinished
-
-
-def test_a_snapshot_from_before_the_race_restores_as_the_fixed_repeat_it_was(tmp_path):
-    """augtune 0.4's snapshot has no rounds (`wanted`, `chosen_all`, `repeat_configs`): its runs, once
-    chosen, are all it makes."""
-    from augtune.search.repeat import STATE_FILE, RepeatBest
-    from augtune.config import from_dict
-
-    cfg = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 1, "seeds": [7, 8]}}})
-    choose = RepeatBest(to_dict(cfg))
-    alg = _algorithm(choose)
-    search = _search_phase(alg)
-    repeats = _drain(alg)
-    alg.save_to_dir(str(tmp_path), "s")
-    path = tmp_path / STATE_FILE.format("s")
-    state = cloudpickle.loads(path.read_bytes())
-    for key in ("wanted", "chosen_all", "repeat_configs"):
-        del state[key]
-    path.write_bytes(cloudpickle.dumps(state))
-    _end(alg, repeats[0], MEANS)
-    save_tune_trials(tmp_path, search + repeats)
-    restored = _restored(tmp_path, choose)
-    assert restored.runs == alg.runs and _drain(restored) == [] and restored.is_finished()
 
 
 def test_a_repeat_trials_config_is_read_back_from_tunes_flattened_result():

@@ -1,12 +1,11 @@
 """A search and the repeat of its best in one Tune run (`augtune.search.repeat`): the repeat starts only
 when every search trial has ended, repeats what the search found best, is never stopped early by the
-search's scheduler, and agrees with the trials Tune restores. Built from real Tune objects, without a
-Ray runtime."""
+search's scheduler, and continues from what the records hold when resumed (`augtune.search.resume`).
+Built from real Tune objects, without a Ray runtime."""
 from __future__ import annotations
 
 import io
 import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +16,9 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from augtune.config import from_dict, to_dict
 from augtune.search.tune_run import search_algorithm
 from augtune.search.repeat import RepeatBest, SearchThenRepeat, best_configs
-from augtune.search.adapters import ReplayingVariantGenerator, restorable
-from augtune.records import REPEAT
-from conftest import save_tune_trials
+from augtune.search.resume import Held, Records
+from augtune.search.searchers import Continuing, VariantGenerator, limited
+from augtune.records import REPEAT, RESUME
 
 GRID = {"train.lr": tune.grid_search([0.1, 0.2, 0.3, 0.4])}
 VALUE = {0.1: 0.5, 0.2: 0.9, 0.3: 0.7, 0.4: 0.6}  # the search metric each lr reaches
@@ -31,22 +30,27 @@ def _trainable(config):
     pass
 
 
-def _search(limit: int = 2) -> SearchThenRepeat:
-    alg = SearchThenRepeat(restorable(ReplayingVariantGenerator(), limit), CHOOSE, limit)
+def _search(limit: int = 2, records: Records | None = None, restart_errored: bool = False) \
+        -> SearchThenRepeat:
+    """The algorithm of a search of GRID, new or (`records`) resumed, as `tune_run` makes it."""
+    held = records.search.get(None, []) if records is not None else []
+    search = Continuing(limited(VariantGenerator(), limit), limit,
+                        [h.again(restart_errored) for h in held if not h.ended], [h.made for h in held],
+                        len(held))
+    alg = SearchThenRepeat(search, CHOOSE, limit, records, restart_errored)
     alg.set_search_properties("knn_acc", "max", GRID)
     alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
                                        resources_per_trial={"cpu": 1})])
     return alg
 
 
-def _restored(folder: Path, limit: int) -> SearchThenRepeat:
-    """The algorithm as a resumed Tune run has it: unpickled from the Tuner's file, as it was made (never
-    configured: a resumed run restores its search algorithm instead), then restored from `folder`."""
-    alg = cloudpickle.loads(cloudpickle.dumps(
-        SearchThenRepeat(restorable(ReplayingVariantGenerator(), limit), CHOOSE, limit)))
-    assert alg.has_checkpoint(str(folder))
-    alg.restore_from_dir(str(folder))
-    return alg
+def held(trial: Trial, status: str) -> Held:
+    """A trial as its record tells it (`resume.read_records`): ended ones with their last result."""
+    metrics = {"knn_acc": VALUE.get(trial.config.get("train.lr"), 0.0), "epoch": 3} if status == "completed" \
+        else {}
+    again = {} if status == "completed" else {"checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 2, "index": 1}
+    return Held(trial.trial_id, dict(trial.config), status, metrics, None,
+                {"folder": trial.trial_id, **again}, dict(trial.config))
 
 
 def _drain(alg) -> list[Trial]:
@@ -98,7 +102,7 @@ def test_a_search_trial_still_running_holds_the_repeat_back():
 
 def test_no_repeat_asked_finishes_with_the_search_and_failed_trials_are_never_repeated():
     cfg = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 0}}})
-    alg = SearchThenRepeat(restorable(ReplayingVariantGenerator(), 0), RepeatBest(to_dict(cfg)), 0)
+    alg = SearchThenRepeat(limited(VariantGenerator(), 0), RepeatBest(to_dict(cfg)), 0)
     alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
                                        resources_per_trial={"cpu": 1})])
     for t in _drain(alg):
@@ -110,26 +114,35 @@ def test_no_repeat_asked_finishes_with_the_search_and_failed_trials_are_never_re
 
 
 @pytest.mark.parametrize("when", ["before_the_repeat", "during_the_repeat"])
-def test_restored_from_an_older_snapshot_no_repeat_run_is_made_twice_and_none_is_lost(tmp_path, when):
+def test_resumed_no_repeat_run_is_made_twice_none_is_lost_and_an_unfinished_one_continues(when):
+    """The driver killed before the repeat was chosen, or with one repeat run ended, two part-way and one
+    never made: resumed from the records, the ended run is not made again, the part-way ones are made again
+    in their folders from their checkpoints, and the missing one is made anew."""
     alg = _search(limit=4)
     search = _drain(alg)
     for t in search:
         _end(alg, t)
-    if when == "before_the_repeat":
-        alg.save_to_dir(str(tmp_path), "s")  # the snapshot: the search ended, nothing chosen yet ...
-        repeats = _drain(alg)
-    else:
-        repeats = _drain(alg)
-        alg.save_to_dir(str(tmp_path), "s")
-    _end(alg, repeats[0])
-    # ... and Tune's trials, saved after it: every search trial, the repeat runs made, one of them ended
-    save_tune_trials(tmp_path, search + repeats[:3])
+    repeats = [] if when == "before_the_repeat" else _drain(alg)
+    records = Records({None: [held(t, "completed") for t in search]},
+                      [held(repeats[0], "completed"), *(held(t, "running") for t in repeats[1:3])] if repeats
+                      else [])
 
-    restored = _restored(tmp_path, limit=4)
-    assert restored.phase == "repeat" and restored.runs == alg.runs
-    (again,) = _drain(restored)  # the fourth run, which Tune never held; the first three are not made again
-    assert again.config == repeats[3].config and again.trial_id != repeats[3].trial_id
-    assert restored.is_finished()
+    resumed = _search(limit=4, records=records)
+    made = _drain(resumed)
+    runs = [{REPEAT: {"train.lr": lr, "train.seed": seed}} for lr in (0.2, 0.3) for seed in (7, 8)]
+    assert resumed.phase == "repeat" and resumed.runs == runs
+    if when == "before_the_repeat":
+        assert [t.config for t in made] == runs  # chosen from the records, each made anew
+    else:
+        assert [{k: v for k, v in t.config.items() if k != RESUME} for t in made] == \
+            [r.config for r in repeats[1:]]
+        assert [t.config[RESUME] for t in made[:2]] == [
+            {"folder": r.trial_id, "checkpoint": f"/ckpt/{r.trial_id}", "epoch": 2, "index": 1}
+            for r in repeats[1:3]]
+        assert RESUME not in made[2].config  # never made before: anew
+    for t in made:
+        _end(resumed, t)
+    assert resumed.is_finished()
 
 
 def test_the_searchs_scheduler_never_stops_a_repeat_run():
@@ -170,38 +183,26 @@ def pickle_free_of_phases(p) -> bool:
     return cloudpickle.loads(cloudpickle.dumps(p)).phases is None
 
 
-@pytest.mark.parametrize("again", ["resumed", "restarted"])
-def test_an_errored_trial_that_tune_runs_again_holds_the_repeat_back_until_it_has_ended(tmp_path, again):
-    """`augtune resume` runs an errored trial again (the same trial; `--restart-errored`: a new one of the
-    same config): what the repeat is chosen from must wait for it."""
+@pytest.mark.parametrize("restart_errored", [False, True])
+def test_an_errored_trial_a_resume_makes_again_holds_the_repeat_back_until_it_has_ended(restart_errored):
+    """`augtune resume` makes an errored trial again, in its folder, from its checkpoint (`--restart-errored`:
+    from scratch); what the repeat is chosen from must wait for it, and no other trial is made again."""
     alg = _search(limit=4)
     a, b, c, d = _drain(alg)
-    for t in (a, b, c):
-        _end(alg, t)
-    d.set_status(Trial.ERROR)
-    alg.on_trial_complete(d.trial_id, error=True)
-    alg.save_to_dir(str(tmp_path), "s")
-    save_tune_trials(tmp_path, [a, b, c, d])
+    records = Records({None: [held(a, "completed"), held(b, "completed"), held(c, "completed"),
+                              held(d, "failed")]})
 
-    restored = _restored(tmp_path, limit=4)
-    assert _drain(restored) == [] and restored.phase == "search"
-    rerun = d if again == "resumed" else Trial("_trainable", config=dict(d.config), stub=True)
-    _end(restored, rerun)  # lr 0.4 ends at 0.6 this time
-    repeats = _drain(restored)
+    resumed = _search(limit=4, records=records, restart_errored=restart_errored)
+    (rerun,) = _drain(resumed)
+    assert {k: v for k, v in rerun.config.items() if k != RESUME} == d.config
+    assert rerun.config[RESUME]["folder"] == d.trial_id
+    assert rerun.config[RESUME]["checkpoint"] == (None if restart_errored else f"/ckpt/{d.trial_id}")
+    assert resumed.phase == "search"
+    _end(resumed, rerun)  # lr 0.4 ends at 0.6 this time
+    repeats = _drain(resumed)
     assert [t.config[REPEAT]["train.lr"] for t in repeats] == [0.2, 0.2, 0.3, 0.3]
-    assert sorted(e.config["train.lr"] for e in restored._ended.values() if e.error is None) == [
+    assert sorted(e.config["train.lr"] for e in resumed._ended.values() if e.error is None) == [
         0.1, 0.2, 0.3, 0.4]
-
-
-def test_an_experiment_whose_repeat_was_a_tune_run_of_its_own_is_refused_in_one_line():
-    """augtune 0.2 ran the repeat as a second Tune run: its restored search algorithm is a plain one."""
-    from augtune.config import ConfigError
-    from augtune.search.launch import finish
-
-    old = SimpleNamespace(_local_tuner=SimpleNamespace(_tune_config=SimpleNamespace(
-        search_alg=restorable(ReplayingVariantGenerator(), 2))))
-    with pytest.raises(ConfigError, match="^/x/exp: started by an augtune older than 0.3"):
-        finish(old, "/x/exp")
 
 
 def test_one_ranking_for_tune_results_and_records():

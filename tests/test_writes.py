@@ -111,7 +111,8 @@ WRITES_ALLOWED = {
     ("augtune/trainables/loop.py", "torch.save("): "into an atomic_file",
     ("augtune/search/experiment.py", "os.open("): "the lock: O_CREAT | O_EXCL never follows a link",
     ("augtune/search/experiment.py", "json.dump("): "into the lock it created with O_EXCL",
-    ("augtune/search/trust.py", "os.open("): "the key and the ledger: O_EXCL and O_NOFOLLOW",
+    ("augtune/search/callbacks.py", "open("): "Tune's local copy of a resumed trial's result log, in the "
+                                              "driver's own staging folder, appended to as Tune does",
     ("augtune/data/cache.py", "open("): "locks, and meta.json in a folder of its own, renamed whole",
     ("augtune/data/cache.py", ".write_text("): "meta.json in a temporary folder of its own, renamed whole",
     ("augtune/data/cache.py", "os.rename("): "that folder, renamed whole",

@@ -310,9 +310,9 @@ def candidate_of(record: Mapping) -> str:
 
 def failed_candidates(records: Sequence[Mapping]) -> dict[str, str]:
     """{candidate: why}: the candidates a run of which failed for good (status `failed`, a NaN loss
-    say): the search layer withdraws them as their runs fail, so the records must too. A run lost
-    with a killed driver (`recovery.settle_lost_records`: "lost: ...") was made again, and a seed
-    with a completed run of the candidate has its result: neither withdraws it."""
+    say): the search layer withdraws them as their runs fail, so the records must too. A run lost with a
+    killed driver (error "lost: ...", as earlier versions' resume wrote it) was made again, and a seed with
+    a completed run of the candidate has its result: neither withdraws it."""
     done = {(candidate_of(r), r.get("seed")) for r in records if r.get("status") == "completed"}
     out: dict[str, str] = {}
     for r in records:

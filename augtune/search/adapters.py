@@ -1,49 +1,20 @@
 """Adapters where Ray Tune's, Optuna's and MLflow's callback's public API stops: the one module that
 touches their private names.
 
-Everything else in augtune uses the two libraries' public API (`Tuner`, `Tuner.restore`,
-`Tuner.can_restore`, `ResultGrid`, `SearchAlgorithm`/`Searcher` and their `save_to_dir` /
-`restore_from_dir`, `Callback`, Optuna's studies and storages). What the public API does not offer,
-and why augtune needs it anyway:
+Everything else in augtune uses the libraries' public API (`Tuner`, `TuneConfig`'s
+`trial_dirname_creator`, `ResultGrid`, `SearchAlgorithm`/`Searcher`, `Callback`, Optuna's studies and
+storages). What the public API does not offer, and why augtune needs it anyway (five names):
 
-- `Tuner._local_tuner.get_run_config()`, `._tune_config.search_alg` (`run_config_of`,
-  `search_algorithm_of`): `Tuner.restore` rebuilds the run's config and search algorithm from its
-  pickled state and exposes neither; augtune needs the search algorithm to tell a finished search
-  from an interrupted one (`is_finished`), and the run config to attach the callback that records
-  each trial's status at Tune's last step.
-- `ray.tune.experiment._convert_to_experiment_list` (`experiment_of`): a search algorithm receives
-  Tune's experiment in whatever form `add_configurations` was given; a compare splits it into one per
-  entrant and the repeat phase makes trials from its spec.
-- `ray.tune.experiment.config_parser._create_trial_from_spec`, `_make_parser` (`trial_from_spec`):
-  the repeat phase makes Tune trials whose config is a whole parameter set, outside the space's
-  variant generator; Tune has no public trial factory.
-- `ray.tune.utils.serialization._loads_with_cloudpickle` (`load_experiment_state`): reads Tune's
-  experiment state (`experiment_state-*.json`) to learn which trials Tune restored, before Tune
-  itself does.
-- `ReplayingVariantGenerator` writes `BasicVariantGenerator`'s `_iterators`, `_trial_generator`,
-  `_trial_iter`, `_finished`, `_live_trials`; `ReconcilingSearchGenerator` writes
-  `SearchGenerator._counter` and `ConcurrencyLimiter.live_trials`; `MetricResultsOptunaSearch`
-  reads and writes `OptunaSearch._ot_trials`, `_ot_study`, `_completed_trials`, `_space` and
-  Optuna's `FrozenTrial._trial_id`. Tune saves its trials and its search algorithm's state in
-  separate files, one after the other: a driver killed in between leaves an algorithm one snapshot
-  older or newer than the trials, which restored as it is runs a finished trial twice or never runs
-  one. No public hook lets a search algorithm agree with the trials Tune restored; these three do.
-
-- `resume_pbt_clock` writes `PopulationBasedTraining._trial_state[trial]` (`last_perturbation_time`,
-  `last_score`, `last_result`, `last_checkpoint`) and reads its `_time_attr`, `_perturbation_interval`,
-  `_metric`, `_metric_op`. Tune does not save a scheduler with its experiment: a restored PBT search
-  starts every trial's PBT state afresh, so each trial perturbed at its first result (its clock at 0)
-  and the population's scores were forgotten. No public hook sets that state; this gives a restored
-  trial the state it had, from its last result and checkpoint (Tune restores both).
-
-- `hold_copies_while_saving` wraps `TuneController.checkpoint` (reading its `_storage.syncer` and the
-  syncer's `_should_continue_existing_sync`): Tune writes its experiment state into a staging folder
-  while the background copy it launched at the last save may still be copying that folder to the
-  experiment's, so the copy can carry a state file written but not yet signed (`augtune.search.trust`:
-  the search algorithm's `save_to_dir` signs, after Tune's own write); a driver killed then leaves a
-  folder `resume` rightly refuses (the CI saw it). Saving only when no copy is in flight means every
-  copy starts from a signed folder. Tune has no hook before its save.
-
+- `ray.tune.experiment.config_parser._create_trial_from_spec`, `_make_parser` (`trial_from_spec`): the
+  repeat phase and a resume make Tune trials whose config is a whole parameter set, outside the
+  space's variant generator; Tune has no public trial factory.
+- `StorageContext.current_checkpoint_index` (`trial_folder`): a trial made again by a resume
+  (`augtune.search.resume`) writes into its folder of the run before, whose checkpoints Tune numbered;
+  Tune numbers a new trial's from 0 and would write over them. It continues the numbering instead.
+- `PopulationBasedTraining._trial_state` (`resume_pbt_clock`): Tune's PBT starts every trial's clock at
+  0, so a trial a resume made again at epoch 6 of interval 2 would be perturbed at its first result.
+  No public hook sets that state; this sets a resumed trial's last perturbation to its checkpoint's
+  epoch.
 - `mlflow_run_of` reads `MLflowLoggerCallback._trial_runs` (trial -> MLflow run id): the callback names
   an MLflow run after Tune's trial and offers no way to know which run it started, which augtune renames
   by method and phase (`augtune.search.loggers.mlflow_logger`).
@@ -54,13 +25,8 @@ dependencies; a test checks they agree): importing this module outside them fail
 from __future__ import annotations
 
 import copy
-import functools
-import itertools
-import logging
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Optional
 
 SUPPORTED = {"ray": (">=2.59", "<2.61"), "optuna": (">=3.5", "<5.1")}
 
@@ -94,32 +60,17 @@ check_versions()
 
 import optuna  # noqa: E402  (after the version check: its message, not an AttributeError, first)
 from optuna.trial import TrialState  # noqa: E402
-from ray.tune.search import (BasicVariantGenerator, ConcurrencyLimiter,  # noqa: E402
-                             SearchGenerator, Searcher)
 from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 CONFIG_PREFIX = "config/"  # Tune flattens a result's config into "config/<key>" entries
 
 
-# -- a Tuner's restored run -------------------------------------------------------------------------------
-
-def run_config_of(tuner) -> Any:
-    """The RunConfig a Tuner runs with (a restored one's, rebuilt from its state)."""
-    return tuner._local_tuner.get_run_config()
-
-
-def search_algorithm_of(tuner) -> Any:
-    """The search algorithm a Tuner runs (a restored one's, unpickled from its state)."""
-    return tuner._local_tuner._tune_config.search_alg
-
-
 # -- trials outside Tune's variant generator ---------------------------------------------------------------
 
 def experiment_of(experiments) -> Any:
-    """Tune's one experiment, from what `SearchAlgorithm.add_configurations` is given."""
-    from ray.tune.experiment import _convert_to_experiment_list
-
-    (experiment,) = _convert_to_experiment_list(experiments)
+    """Tune's one experiment, from what `SearchAlgorithm.add_configurations` is given (Tune gives a list
+    of one `Experiment`)."""
+    (experiment,) = experiments if isinstance(experiments, (list, tuple)) else [experiments]
     return experiment
 
 
@@ -133,100 +84,6 @@ def trial_from_spec(spec: dict, config: dict, tag: str) -> Any:
     spec["config"] = config
     return _create_trial_from_spec(spec, _make_parser(), evaluated_params=flatten_dict(config),
                                    experiment_tag=tag, trial_id=Trial.generate_id())
-
-
-def load_experiment_state(text: str) -> dict:
-    """Tune's experiment state (`experiment_state-*.json`), as Tune itself reads it."""
-    from ray.tune.utils.serialization import _loads_with_cloudpickle
-
-    return _loads_with_cloudpickle(text)
-
-
-# -- the trials Tune restored ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RestoredTrial:
-    """One trial of an experiment's saved state, as Tune restores it."""
-
-    trial_id: str
-    status: str  # TERMINATED, ERROR, or PENDING (Tune restores a running trial as pending)
-    params: dict = field(default_factory=dict)  # the searched parameters (Tune's evaluated_params)
-    last_result: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)  # the whole trial config (searched and constant)
-    dir_name: Optional[str] = None  # its folder's name (where its record is), when the state says
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("TERMINATED", "ERROR")
-
-
-def restored_trials(folder: str, repeats: bool = False) -> Optional[list[RestoredTrial]]:
-    """The trials of the newest experiment state in `folder` (Tune's driver staging folder, into which
-    Tune downloads the state it restores from), or None when there is none; a search's own trials only,
-    unless `repeats` (the repeat runs of its best, `augtune.search.repeat`, share its Tune run)."""
-    states = sorted(Path(folder).glob("experiment_state-*.json"))
-    if not states:
-        return None
-    from ray.tune.experiment.trial import Trial
-
-    from augtune.records import REPEAT
-
-    state = load_experiment_state(states[-1].read_text())
-    out = []
-    for trial_json, metadata in state.get("trial_data", []):
-        trial = Trial.from_json_state(trial_json, stub=True)
-        trial.restore_run_metadata(metadata)
-        if not repeats and REPEAT in (trial.config or {}):
-            continue
-        try:
-            dir_name = trial.storage.trial_dir_name if trial.storage is not None else None
-        except (AttributeError, RuntimeError):
-            dir_name = None
-        out.append(RestoredTrial(trial.trial_id, trial.status, dict(trial.evaluated_params or {}),
-                                 dict(trial.last_result or {}), dict(trial.config or {}), dir_name))
-    return out
-
-
-# -- search algorithms that agree with the trials Tune restored ----------------------------------------------
-
-class ReplayingVariantGenerator(BasicVariantGenerator):
-    """Tune's BasicVariantGenerator (grid and random search) that, restored, replays its variants from the
-    start and skips those Tune already holds: the variants are deterministic (the grid, and the sampler
-    seeded with `search.seed`) and so are their trial ids, whichever snapshot its saved state was.
-
-    A preset point's list value (a choice of lists: CoCor's `cocor.lengths`) goes in wrapped (`Whole`):
-    Tune reads a list in a preset as nested keys and failed on it; the trial's config gets the list."""
-
-    def __init__(self, *args, points_to_evaluate: Optional[list] = None, **kwargs):
-        points = [{k: Whole(v) if isinstance(v, (list, tuple)) else v for k, v in p.items()}
-                  for p in points_to_evaluate or ()]
-        super().__init__(*args, points_to_evaluate=points or None, **kwargs)
-
-    def add_configurations(self, experiments) -> None:
-        super().add_configurations(experiments)
-        self._fresh = copy.deepcopy(self._iterators)  # before any variant is drawn (saved with the state)
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        super().restore_from_dir(dirpath)
-        trials = restored_trials(dirpath)
-        if trials is None or not getattr(self, "_fresh", None):
-            return
-        self._iterators = copy.deepcopy(self._fresh)
-        self._trial_generator, self._trial_iter = itertools.chain(*self._iterators), None
-        self._finished = False
-        self._held = {t.trial_id for t in trials}
-        self._live_trials = {t.trial_id for t in trials if not t.finished}
-
-    def next_trial(self):
-        while True:
-            live = set(self._live_trials)
-            trial = super().next_trial()
-            if trial is None or trial.trial_id not in getattr(self, "_held", ()):
-                if trial is not None:
-                    trial.config = {k: Whole.unwrap(v) for k, v in trial.config.items()}
-                    trial.evaluated_params = {k: Whole.unwrap(v) for k, v in trial.evaluated_params.items()}
-                return trial
-            self._live_trials = live  # a replayed trial Tune holds: live only if it was
 
 
 class Whole:
@@ -250,199 +107,115 @@ class Whole:
         return value.value if isinstance(value, Whole) else value
 
 
-class ReconcilingSearchGenerator(SearchGenerator):
-    """Tune's SearchGenerator over a ConcurrencyLimiter over an Optuna searcher
-    (`MetricResultsOptunaSearch`) that, restored, counts the trials Tune holds, takes the unfinished
-    ones as the live ones, and has the searcher reconcile its study with them. A completion of a trial
-    the limiter never saw (a restored or restarted trial) still reaches the searcher."""
+# -- a trial a resume makes again ---------------------------------------------------------------------------
 
-    def restore_from_dir(self, dirpath: str) -> None:
-        super().restore_from_dir(dirpath)
-        trials = restored_trials(dirpath)
-        if trials is not None:
-            self.reconcile(trials)
+def trial_folder(trial) -> str:
+    """Tune's `trial_dirname_creator` of every augtune run: a trial a resume makes again
+    (`augtune.search.resume.RESUME` in its config) keeps its folder, and its checkpoints are numbered on
+    from the highest there; any other is named as Tune names it (`<trainable>_<id>_<tag>_<time>`)."""
+    import datetime as dt
+    import re
 
-    def reconcile(self, trials: list) -> None:
-        """Agree with `trials`, the trials of this search that Tune restored (`recovery.RestoredTrial`)."""
-        self._counter = len(trials)
-        unfinished = {t.trial_id for t in trials if not t.finished}
-        limiter = self._limiter()
-        if limiter is not None:
-            limiter.live_trials = set(unfinished)
-            limiter.num_unfinished_live_trials = len(unfinished)
-        reconcile = getattr(self._base(), "reconcile", None)
-        if reconcile is not None:
-            reconcile(trials)
+    from augtune.search.resume import RESUME
 
-    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        limiter = self._limiter()
-        if limiter is not None and trial_id not in limiter.live_trials:
-            self._base().on_trial_complete(trial_id, result=result, error=error)
-            return
-        super().on_trial_complete(trial_id, result=result, error=error)
-
-    def _limiter(self):
-        return self.searcher if isinstance(self.searcher, ConcurrencyLimiter) else None
-
-    def _base(self):
-        s = self.searcher
-        while hasattr(s, "searcher"):
-            s = s.searcher
-        return s
-
-
-def restorable(algorithm, max_concurrent: int):
-    """The search algorithm Tune runs for `algorithm` (from `searchers.searcher`), at most
-    `max_concurrent` trials at a time (pass `max_concurrent_trials=None` to Tune: this holds the
-    limit)."""
-    if isinstance(algorithm, Searcher):
-        return ReconcilingSearchGenerator(ConcurrencyLimiter(algorithm, max_concurrent=max_concurrent))
-    algorithm.max_concurrent = max_concurrent
-    return algorithm
+    again = (trial.config or {}).get(RESUME)
+    if again:
+        trial.storage.current_checkpoint_index = int(again.get("index", -1))
+        return str(again["folder"])
+    name = f"{trial}_{trial.experiment_tag}"[:130] + f"_{dt.datetime.now():%Y-%m-%d_%H-%M-%S}"
+    return re.sub(r'[/()<>:"\\|?*]', "_", name)
 
 
 class MetricResultsOptunaSearch(OptunaSearch):
-    """Tune's OptunaSearch as an augtune search runs it.
+    """Tune's OptunaSearch as an augtune search runs it (public API only: it keeps its own handle on the
+    study, in `storage`; an in-memory one when none is given).
 
     - It is told only the results that carry the searched metric. A trial evaluates the metric where
       someone reads it (the scheduler's rungs and its last epoch: `search.plan.trial_base`) and reports
       `epoch` every epoch; Tune's OptunaSearch reads the metric from every result it is given
       (`result[metric]`, a KeyError otherwise). Optuna's intermediate values serve only its own
       pruners, which augtune does not use (ASHA stops trials); the final result always carries it.
-    - Restored, it reconciles its study with the trials Tune restores (`reconcile`): its saved state
-      can be a snapshot older or newer than Tune's trials, and Optuna's journal, written at every ask
-      and tell, newer than both (`augtune.search.recovery`). A trial Tune holds that it does not know
-      is matched to the study's trial of the same parameters, or added to the study when it ends; a
-      trial of the study that Tune never ran is marked failed. So the study holds each trial Tune ran
-      once, with its value.
+    - A trial it did not ask for (a trial a resume made again: `augtune.search.resume`) is told to the
+      study when it ends: to the study's trial still running for it (`adopt`), or added as a new one.
     """
+
+    def __init__(self, space=None, *args, storage=None, study_name: Optional[str] = None, **kwargs):
+        storage = storage if storage is not None else optuna.storages.InMemoryStorage()
+        study_name = study_name or "augtune"
+        super().__init__(space, *args, storage=storage, study_name=study_name, **kwargs)
+        self.searched, self.study_where = space, (storage, study_name)
+        self.asked: set[str] = set()
+        self.adopted: dict[str, int] = {}
+
+    def study(self) -> optuna.Study:
+        storage, name = self.study_where
+        return optuna.load_study(study_name=name, storage=storage)
+
+    def adopt(self, trial_id: str, number: int) -> None:
+        """Tell the study's trial `number` (asked before a resume, still running) the end of `trial_id`."""
+        self.adopted[trial_id] = number
+
+    def suggest(self, trial_id: str):
+        config = super().suggest(trial_id)
+        if isinstance(config, dict):
+            self.asked.add(trial_id)
+        return config
 
     def on_trial_result(self, trial_id: str, result: Dict) -> None:
         if isinstance(self.metric, str) and self.metric not in result:
             return
-        if trial_id not in self._ot_trials:  # a restored trial this state never made: told when it ends
+        if trial_id not in self.asked:  # a trial made again by a resume: told when it ends
             return
         super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: Optional[Dict] = None, error: bool = False) -> None:
-        if trial_id not in self._ot_trials and trial_id not in self._completed_trials:
-            params = {k[len(CONFIG_PREFIX):]: v for k, v in (result or {}).items()
-                      if k.startswith(CONFIG_PREFIX)}
-            self._add_ended(trial_id, params, result, error)
+        if trial_id in self.asked:
+            self.asked.discard(trial_id)
+            super().on_trial_complete(trial_id, result=result, error=error)
             return
-        super().on_trial_complete(trial_id, result=result, error=error)
+        params = {k[len(CONFIG_PREFIX):]: v for k, v in (result or {}).items() if k.startswith(CONFIG_PREFIX)}
+        self.add_ended(trial_id, params, result, error)
 
-    def reconcile(self, trials: Iterable) -> None:
-        """Agree with the trials Tune restored (`recovery.RestoredTrial`: id, status, params, last result)."""
-        trials = list(trials)
-        held = {t.trial_id for t in trials}
-        for trial_id in [t for t in self._ot_trials if t not in held]:  # made here, never a Tune trial
-            ot_trial = self._ot_trials.pop(trial_id)
-            if trial_id not in self._completed_trials:
-                self._fail(ot_trial.number)
-        known = {ot_trial._trial_id for ot_trial in self._ot_trials.values()}
-        unclaimed = [t for t in self._ot_study.get_trials(deepcopy=False) if t._trial_id not in known]
-        for t in trials:
-            if t.trial_id not in self._ot_trials:
-                match = next((f for f in unclaimed if _same(f.params, t.params)), None)
-                if match is not None:
-                    unclaimed.remove(match)
-                    self._ot_trials[t.trial_id] = optuna.trial.Trial(self._ot_study, match._trial_id)
-                    if match.state.is_finished():  # its end is in the journal already
-                        self._completed_trials.add(t.trial_id)
-            if t.finished and t.trial_id not in self._completed_trials:  # ended since this state was saved
-                self.on_trial_complete(t.trial_id, dict(t.last_result, **_as_config(t.params)),
-                                       error=t.status == "ERROR")
-        for f in unclaimed:  # asked of the study (its journal is written at once), never run by Tune
-            if f.state == TrialState.RUNNING:
-                self._fail(f.number)
-
-    def _add_ended(self, trial_id: str, params: dict, result: Optional[Dict], error: bool) -> None:
-        """Add a trial that ended and that this searcher never made to the study, with its parameters."""
+    def add_ended(self, trial_id: str, params: dict, result: Optional[Dict], error: bool) -> None:
+        """Tell the study the end of a trial this searcher never asked for: to its adopted trial, or as a
+        new one with its parameters."""
         value = (result or {}).get(self.metric) if isinstance(self.metric, str) else None
         if value is not None and not math.isfinite(value):
             value, error = None, True
         state = TrialState.COMPLETE if value is not None else TrialState.FAIL if error else TrialState.PRUNED
+        number = self.adopted.pop(trial_id, None)
         try:
-            params, distributions = self._distributions(params)
-            self._ot_study.add_trial(optuna.trial.create_trial(
-                params=params, distributions=distributions, state=state,
-                value=value if state == TrialState.COMPLETE else None,
-            ))
+            if number is not None:
+                self.study().tell(number, value if state == TrialState.COMPLETE else None, state=state,
+                                  skip_if_finished=True)
+            else:
+                params, distributions = self.distributions(params)
+                self.study().add_trial(optuna.trial.create_trial(
+                    params=params, distributions=distributions, state=state,
+                    value=value if state == TrialState.COMPLETE else None,
+                ))
         except (ValueError, TypeError, KeyError) as e:  # parameters the space cannot take: the study skips it
             import logging
 
             logging.getLogger(__name__).warning("trial %s is not added to Optuna's study: %s", trial_id, e)
-        self._completed_trials.add(trial_id)
 
-    def _distributions(self, params: dict) -> tuple[dict, dict]:
+    def distributions(self, params: dict) -> tuple[dict, dict]:
         """The searched parameters among `params` and their Optuna distributions."""
-        if callable(self._space):  # define-by-run: run it on the fixed values to learn what it asks
+        if callable(self.searched):  # define-by-run: run it on the fixed values to learn what it asks
             fixed = optuna.trial.FixedTrial(params)
-            self._space(fixed)
+            self.searched(fixed)
             return fixed.params, fixed.distributions
-        names = [k for k in self._space if k in params]
-        return {k: params[k] for k in names}, {k: self._space[k] for k in names}
-
-    def _fail(self, number: int) -> None:
-        self._ot_study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        names = [k for k in self.searched if k in params]
+        return {k: params[k] for k in names}, {k: self.searched[k] for k in names}
 
 
-def _same(a: dict, b: dict) -> bool:
-    return bool(a) and all(k in b and b[k] == v for k, v in a.items())
+# -- PBT's per-trial state, after a resume ------------------------------------------------------------
 
-
-def _as_config(params: dict) -> dict:
-    return {f"{CONFIG_PREFIX}{k}": v for k, v in params.items()}
-
-
-# -- Tune's saves and its background copies -------------------------------------------------------------
-
-def hold_copies_while_saving(controller: Optional[type] = None) -> None:
-    """Make Tune's driver save its state only when no copy of its staging folder is in flight (`controller`:
-    the class to wrap, Tune's `TuneController` by default): a step's save is put off to a later step (Tune
-    would not have copied it now either), the final one waits for the copy. Every copy then starts from
-    files the save has finished and signed. Idempotent."""
-    if controller is None:
-        from ray.tune.execution.tune_controller import TuneController as controller
-    checkpoint = controller.checkpoint
-    if getattr(checkpoint, "holds_copies", False):
-        return
-
-    @functools.wraps(checkpoint)
-    def held(self, force: bool = False, wait: bool = False):
-        syncer = getattr(getattr(self, "_storage", None), "syncer", None)
-        if syncer is not None and syncer._should_continue_existing_sync():
-            if not force:
-                return None
-            try:
-                syncer.wait()
-            except Exception as e:  # Tune says so when it launches the next copy; wait() forgets it
-                logging.getLogger(__name__).warning("copying the experiment state to %s failed: %s",
-                                                    getattr(self._storage, "experiment_fs_path", "?"), e)
-        return checkpoint(self, force=force, wait=wait)
-
-    held.holds_copies = True
-    controller.checkpoint = held
-
-
-# -- PBT's per-trial state, after a restore -------------------------------------------------------------
-
-def resume_pbt_clock(pbt, trial) -> None:
-    """Give a trial Tune restored (its `last_result` and `checkpoint` are back) the PBT state it had: its
-    last perturbation at the last multiple of the interval its last result reached (perturbations come
-    at every multiple: each trial reports every epoch), its score, result and checkpoint that result's
-    (a donor PBT may copy). A trial with no result yet keeps the fresh state PBT gave it."""
-    last = trial.last_result or {}
-    when = last.get(pbt._time_attr)
-    if when is None:
-        return
-    state = pbt._trial_state[trial]
-    state.last_perturbation_time = int(when) // pbt._perturbation_interval * pbt._perturbation_interval
-    if pbt._metric in last:
-        state.last_score = pbt._metric_op * last[pbt._metric]
-        state.last_result = dict(last)
-        state.last_checkpoint = trial.checkpoint
+def resume_pbt_clock(pbt, trial, epoch: int) -> None:
+    """Give a trial a resume made again from its checkpoint at `epoch` the PBT clock it had: its last
+    perturbation at that epoch (a PBT trial checkpoints at the multiples of the interval, where it is
+    perturbed: `schedulers.PBT`), so the next comes an interval later."""
+    pbt._trial_state[trial].last_perturbation_time = int(epoch)
 
 
 def mlflow_run_of(callback, trial) -> Optional[str]:

@@ -8,6 +8,7 @@ import pyarrow.fs
 from ray.tune import Callback
 
 from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, read_record, write_record
+from augtune.search.resume import RESULT_FILE
 from augtune.search.status import error_line
 
 
@@ -24,6 +25,33 @@ class StepStatuses(Callback):
 
     def on_step_end(self, iteration, trials, **info):
         self.statuses = {t.trial_id: t.status for t in trials}
+
+
+class ContinueResultLog(Callback):
+    """A trial a resume made again (`augtune.search.resume`) writes into its folder of the run before, whose
+    result log (`result.json`) Tune would replace with this run's results: at its first start, the log so
+    far (its whole lines) goes into Tune's local copy of the folder first, and Tune appends to it."""
+
+    def __init__(self):
+        self._started: set[str] = set()
+
+    def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
+        from augtune.search.resume import RESUME
+
+        if RESUME not in (trial.config or {}) or trial.trial_id in self._started:
+            return
+        self._started.add(trial.trial_id)
+        fs = trial.storage.storage_filesystem
+        try:
+            with fs.open_input_stream(f"{trial.storage.trial_fs_path}/{RESULT_FILE}") as f:
+                data = f.read()
+        except (OSError, FileNotFoundError):
+            return
+        data = data[: data.rfind(b"\n") + 1]  # a line cut short by the kill is left out
+        local = Path(trial.local_path)
+        local.mkdir(parents=True, exist_ok=True)
+        with open(local / RESULT_FILE, "ab") as f:  # appended: Tune may have opened it already, empty
+            f.write(data)
 
 
 class SettleRecords(Callback):

@@ -1,4 +1,4 @@
-"""An experiment folder (or URI): its names, its lock, its plan file, Optuna's journal, the trust check.
+"""An experiment folder (or URI): its names, its lock, its plan file, Optuna's journal.
 
 A search's folder holds `augtune_search.yaml` (its plan: what `augtune resume` needs, read without
 unpickling), `optuna.journal` (Optuna's study: `optuna.load_study(study_name="augtune", storage=...)`
@@ -23,7 +23,7 @@ import yaml
 
 from augtune.config import ConfigError, to_dict
 from augtune.records import SEARCH_FILE, process_started
-from augtune.search.storage import delete, exists, is_uri, names, write_bytes
+from augtune.search.storage import exists, is_uri, write_bytes
 
 LOCK_FILE = ".augtune.lock"
 OPTUNA_FILE = "optuna.journal"  # Optuna's study: optuna.load_study(study_name="augtune", storage=...)
@@ -115,39 +115,6 @@ def optuna_storage(plan):
     if is_uri(plan.experiment):
         return JournalStorage(UploadedJournal(f"{plan.experiment}/{OPTUNA_FILE}"))
     return JournalStorage(JournalFileBackend(str(Path(plan.experiment) / OPTUNA_FILE)))
-
-
-def clear_lost_start(plan) -> None:
-    """A driver killed right after it started left augtune's files but no Tune state: clear the study."""
-    for name in names(plan.experiment):  # only augtune's own files can be here: Tune wrote none
-        if name not in (SEARCH_FILE, LOCK_FILE, OPTUNA_FILE, LOG_FILE):
-            raise ConfigError(f"{plan.experiment}: Tune's state is missing but {name} is there; move the "
-                              "folder aside and start the search again")
-    delete(plan.experiment, OPTUNA_FILE)
-
-
-def check_trusted(experiment: str) -> None:
-    """`resume` unpickles Tune's state (`tuner.pkl`, the searcher's): refuse a folder, or files in it, that
-    someone else owns or may write (the search's own folder and every nested Tune experiment's).
-
-    In cloud storage (s3://, gs://) there are no owner or mode bits to read: objects carry neither, and who
-    may write them is the bucket's policy and IAM, which pyarrow cannot query. There the storage's access
-    control is the boundary: whoever may write the experiment's prefix can run code in `augtune resume`
-    (as in Tune's own `Tuner.restore`), so keep it in a bucket only you can write to."""
-    if is_uri(experiment):
-        return
-    folder = Path(experiment)
-    state = [p for pattern in ("*.pkl", "*/*.pkl", "*.json") for p in folder.glob(pattern)]
-    for path in [folder, folder / SEARCH_FILE, *(p.parent for p in state), *state]:
-        if not path.exists():
-            continue
-        st = path.stat()
-        if st.st_uid != os.getuid():
-            raise ConfigError(f"{path}: owned by another user (uid {st.st_uid}); resume loads pickled state "
-                              "from this folder, so it must be yours")
-        if st.st_mode & 0o022:
-            raise ConfigError(f"{path}: writable by others; resume loads pickled state from this folder, so "
-                              f"it must be yours alone (chmod go-w {path})")
 
 
 def mark_finished(experiment: str) -> None:

@@ -2,15 +2,14 @@
 
 An experiment is one Tune run (`augtune.search.tune_run.TuneRun`, built there): a search's trials and the
 repeat of its best, or every entrant's search of a compare and the repeat of each entrant's best. `drive`
-runs it, new or restored, through the same steps: the folder's lock, Ray, then `Tuner.restore` when
-Tune saved a state there (`augtune resume`, or a compare started again) or a new Tuner, and `finish`.
-The plan (`augtune.search.plan`) has checked everything before this module starts Ray. Here:
+runs it, new or resumed, through the same steps: the folder's lock, Ray, a new Tuner (a resumed one
+continuing from the trials' records: `augtune.search.resume`; nothing of Tune's saved state is read), and
+`finish`. The plan (`augtune.search.plan`) has checked everything before this module starts Ray. Here:
 
 - a local Ray listens on loopback only (`hold_to_loopback`) and runs with Ray's token authentication (a
   local search refuses RAY_AUTH_MODE=disabled), its dashboard and metrics exporter off unless asked;
   failing to start, it is tried once more, then `RayStartFailed` says why in one line;
-- a restored run's pickled state is verified first (`augtune.search.trust`), runs Tune never saved are
-  settled (`recovery.settle_lost_records`), and a finished one is marked (`experiment.mark_finished`);
+- a run whose every trial ended well is marked finished (`experiment.mark_finished`);
 - one driver per experiment folder at a time (`experiment.Lock`);
 - a search and the repeat of its best are one Tune run (`augtune.search.repeat`), whose trial processes
   are reused across all its trials (`reuse_actors`; each trial resets the global state it could inherit:
@@ -28,10 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from augtune.config import Config, ConfigError
-from augtune.search.experiment import (Lock, SearchFailed, SearchInterrupted, check_trusted,
-                                       mark_finished)
+from augtune.search.experiment import Lock, SearchFailed, SearchInterrupted, mark_finished
 from augtune.search.plan import concurrency, trial_needs
-from augtune.search.recovery import finish_interrupted_copy, prepare_restore, settle_lost_records
 from augtune.search.storage import is_uri
 
 if TYPE_CHECKING:
@@ -45,8 +42,7 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # longer, and the raylet then aborts): the second try at starting a local Ray waits a minute
 AGENT_TIMEOUT_ENV, AGENT_TIMEOUT_MS = "RAY_agent_register_timeout_ms", "60000"
 TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1"  # see `connect`
-__all__ = ["RayStartFailed", "SearchFailed", "SearchInterrupted", "connect", "drive", "finish",
-           "hold_to_loopback"]
+__all__ = ["RayStartFailed", "SearchFailed", "SearchInterrupted", "connect", "drive", "hold_to_loopback"]
 
 
 class RayStartFailed(RuntimeError):
@@ -158,34 +154,17 @@ def check_local_auth() -> None:
 
 # -- running ----------------------------------------------------------------------------------------------
 
-def _fit(tuner) -> tuple[Any, dict[str, str], Any]:
-    """Run a Tuner (new or restored); its results, each trial's status as Tune's last step left it
-    (`StepStatuses`: a restored run brings back the callbacks it was started with, or is given one), and
-    its search algorithm (the object Tune ran, restored or not)."""
-    from augtune.search.callbacks import StepStatuses
-    from augtune.search.adapters import run_config_of, search_algorithm_of
-
-    config = run_config_of(tuner)
-    algorithm = search_algorithm_of(tuner)
-    stepped = next((c for c in config.callbacks or [] if isinstance(c, StepStatuses)), None)
-    if stepped is None:
-        stepped = StepStatuses()
-        config.callbacks = [*(config.callbacks or []), stepped]
-    for callback in config.callbacks:
-        if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
-            callback.phases = algorithm
-    return tuner.fit(), stepped.statuses, algorithm
-
-
-def check_finished(results, experiment: str, stepped: dict[str, str], algorithm) -> None:
+def check_finished(results, experiment: str, stepped: dict[str, str], algorithm,
+                   ended_before: int = 0) -> None:
     """Raise SearchInterrupted when trials are left unfinished (Tune's `ResultGrid`), or were at Tune's
     last step (`stepped`: an interrupted run's clean-up marks them ended), or the search algorithm has
-    trials still to make; SearchFailed when all of them failed."""
+    trials still to make; SearchFailed when all of them failed and no trial a resume continued from had
+    ended well (`ended_before`)."""
     ended = results.num_terminated + results.num_errors
     if ended < len(results) or any(s not in FINISHED for s in stepped.values()) \
             or not algorithm.is_finished():
         raise SearchInterrupted(experiment)
-    if len(results) and results.num_errors == len(results):
+    if len(results) and results.num_errors == len(results) and not ended_before:
         from augtune.search.status import error_line
 
         first = next((error_line(Path(r.path) / "error.txt") for r in results
@@ -195,57 +174,21 @@ def check_finished(results, experiment: str, stepped: dict[str, str], algorithm)
         raise SearchFailed(f"every trial of {experiment} failed; the first: {first}")
 
 
-def finish(tuner, experiment: str) -> Any:
-    """Run the Tuner of a search and its repeat (new or restored) to its end, or say why it did not end;
-    its results (Tune's `ResultGrid`)."""
-    from augtune.search.repeat import SearchThenRepeat
-    from augtune.search.adapters import search_algorithm_of
-
-    if not isinstance(search_algorithm_of(tuner), SearchThenRepeat):
-        raise ConfigError(f"{experiment}: started by an augtune older than 0.3, whose repeat phase was a "
-                          "Tune run of its own; continue it with the augtune version that started it")
-    results, stepped, algorithm = _fit(tuner)
-    check_finished(results, experiment, stepped, algorithm)
-    return results
-
-
-def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: bool = False,
-          trust: bool = False) -> None:
-    """Run `run` to its end, new or restored (the same steps for search, compare and resume): lock the
-    folder, start or join Ray, restore Tune's saved state when there is one (signed by this user's
-    augtune, `augtune.search.trust`, unless `trust`) or start anew, finish."""
-    from ray import tune
-
-    from augtune.search.trust import TUNER_SIGNATURES, sign, verify
-    from augtune.search.adapters import hold_copies_while_saving
-
-    hold_copies_while_saving()  # each copy of Tune's state to the folder starts from signed files
+def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: bool = False) -> None:
+    """Run `run` to its end, new or resumed (the same steps for search, compare and resume): lock the
+    folder, read the records a resume continues from, start or join Ray, run a new Tuner, and mark the
+    experiment finished when every trial ended well."""
     with Lock(run.experiment):  # before Ray starts: a folder in use is refused at once
-        restore = tune.Tuner.can_restore(run.path)
-        if restore:
-            from augtune.search.loggers import only_chosen_loggers
-
-            check_trusted(run.experiment)
-            # a copy of Tune's state cut short (a full disk, a killed driver) is finished from the staging
-            # copy first: bytes only, nothing unpickled; the signatures are then checked on what is there
-            finish_interrupted_copy(run.path)
-            if not trust:
-                verify(run.path, run.experiment)  # before anything of it is unpickled
-            only_chosen_loggers()  # the restored run brings back the logger callbacks it was started with
-            prepare_restore(run.path)
-            sign(run.path)  # what it refilled, and what `trust` vouched for
-            settle_lost_records(run.path, list(run.records))  # runs Tune never saved: made again
-        else:
+        records = run.read() if run.resuming else None
+        if records is None:
             run.prepare()
         conc = concurrency(run.cfg, connect(run.cfg, run.address, run.dashboard))
-        if restore:
-            log(f"resuming {run.experiment}")
-            tuner = tune.Tuner.restore(run.path, trainable=run.trainable, resume_unfinished=True,
-                                       resume_errored=not restart_errored, restart_errored=restart_errored)
-        else:
-            tuner = run.start(conc, log)
-            sign(run.path, only=["tuner.pkl"], file=TUNER_SIGNATURES)  # Tune wrote it just now
-        if finish(tuner, run.experiment).num_errors == 0:  # a failed trial may still be resumed
+        if records is not None:
+            left = sum(not h.ended for h in records.trials())
+            log(f"resuming {run.experiment}: {len(records.trials()) - left} run(s) ended, {left} to continue")
+        tuner, algorithm, stepped = run.start(conc, log, records, restart_errored)
+        results = tuner.fit()
+        ended = sum(h.ended for h in records.trials()) if records is not None else 0
+        check_finished(results, run.experiment, stepped.statuses, algorithm, ended)
+        if results.num_errors == 0:  # a failed trial may still be resumed
             mark_finished(run.experiment)
-
-

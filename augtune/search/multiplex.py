@@ -13,23 +13,19 @@ the analysis reads them). A trial carries its entrant in its parameters (`ENTRAN
 trial holds only Tune's files.
 
 `EntrantsSearch` hands out the entrants' trials in turn (each entrant's next one when its own searcher
-has one), routes results to the entrant's searcher, and saves every entrant's searcher in one file: one
-snapshot, restored and reconciled with the trials Tune restored (`adapters.ReconcilingSearchGenerator`).
-`EntrantsScheduler` routes each trial to its entrant's scheduler.
+has one) and routes results to the entrant's searcher (`searchers.Continuing`, which a resume gives the
+entrant's records). `EntrantsScheduler` routes each trial to its entrant's scheduler.
 """
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Iterable, Optional
 
-from ray import cloudpickle
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining, TrialScheduler
 from ray.tune.search import SearchAlgorithm
 
-from augtune.records import ENTRANT, REPEAT, atomic_file
-
-STATE_FILE = "entrants-search-state-{}.pkl"  # recovery.TUNE_STATE knows it
+from augtune.records import ENTRANT, REPEAT
+from augtune.search.resume import RESUME
 
 
 def entrant_of(trial_or_result) -> Optional[str]:
@@ -44,7 +40,7 @@ def entrant_of(trial_or_result) -> Optional[str]:
 
 class EntrantsSearch(SearchAlgorithm):
     """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
-    algorithm as `adapters.restorable` makes it, the constants of its space, its budget) as one, at most
+    algorithm as `searchers.Continuing` makes it, the constants of its space, its budget) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
     `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still
     hold how many run at once)."""
@@ -87,7 +83,7 @@ class EntrantsSearch(SearchAlgorithm):
 
     def next_trial(self):
         """The next entrant in turn that has a trial to give (its searcher and its limit allow one)."""
-        populations = getattr(self, "_populations", set())  # a snapshot of augtune 0.4 has none
+        populations = self._populations
         limited = [t for t in self._live if self._owner.get(t) not in populations]
         full = bool(self.max_concurrent) and len(limited) >= self.max_concurrent
         names = list(self._subs)
@@ -128,43 +124,6 @@ class EntrantsSearch(SearchAlgorithm):
             self._owner.setdefault(trial_id, name)
         return self._subs.get(name)
 
-    # -- one snapshot of every entrant's searcher -----------------------------------------------------------
-
-    def save_to_dir(self, dirpath: str, session_str: str) -> None:
-        """Every entrant's search algorithm in one file, written whole (temporary file, then rename)."""
-        with atomic_file(Path(dirpath) / STATE_FILE.format(session_str)) as f:
-            cloudpickle.dump({"subs": self._subs, "owner": self._owner, "turn": self._turn}, f)
-
-    def has_checkpoint(self, dirpath: str) -> bool:
-        return any(Path(dirpath).glob(STATE_FILE.format("*")))
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        """The newest snapshot, each entrant's algorithm reconciled with the trials Tune restored."""
-        from augtune.search.adapters import restored_trials
-
-        newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
-        with open(newest, "rb") as f:
-            state = cloudpickle.load(f)
-        self._subs, self._owner, self._turn = state["subs"], state["owner"], state["turn"]
-        trials = restored_trials(dirpath)
-        if trials is not None:
-            self.reconcile(trials)
-
-    def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`adapters.RestoredTrial`), the search trials Tune restored: each
-        entrant's algorithm with its own."""
-        self._live = {t.trial_id for t in trials if not t.finished}
-        mine: dict[str, list] = {name: [] for name in self._subs}
-        for t in trials:
-            name = t.config.get(ENTRANT)
-            if name in mine:
-                mine[name].append(t)
-                self._owner[t.trial_id] = name
-        for name, sub in self._subs.items():
-            reconcile = getattr(sub, "reconcile", None)
-            if reconcile is not None:
-                reconcile(mine[name])
-
 
 class EntrantsScheduler(FIFOScheduler):
     """Each trial goes to its entrant's scheduler (`name -> TrialScheduler`, e.g. ASHA; a search of its
@@ -203,10 +162,11 @@ class EntrantsScheduler(FIFOScheduler):
     def on_trial_add(self, tune_controller, trial) -> None:
         scheduler = self._of(trial)
         scheduler.on_trial_add(tune_controller, trial)
-        if isinstance(scheduler, PopulationBasedTraining):  # PB2 too: a restored trial's clock and score
+        again = (getattr(trial, "config", None) or {}).get(RESUME)
+        if again and isinstance(scheduler, PopulationBasedTraining):  # PB2 too: a resumed trial's clock
             from augtune.search.adapters import resume_pbt_clock
 
-            resume_pbt_clock(scheduler, trial)
+            resume_pbt_clock(scheduler, trial, again.get("epoch") or 0)
 
     def on_trial_error(self, tune_controller, trial) -> None:
         self._of(trial).on_trial_error(tune_controller, trial)

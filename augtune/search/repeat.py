@@ -11,31 +11,29 @@ what trains reads nothing of the search's space. Its record goes to the repeat f
 a compare's `repeat/`), Tune's files of it to the run's own folder. The scheduler never stops a repeat
 trial early (`multiplex.EntrantsScheduler` routes it to FIFO).
 
-Restored, the wrapper takes the search algorithm's own snapshot and its own, and agrees with the trials
-Tune restored: the search trials that ended are what the repeats are chosen from (the same, so the same
-repeats: `choose` is deterministic), and a repeat run Tune already holds is not made again.
+A resume (`augtune.search.resume`) gives it what the records hold: the search trials and the repeat
+runs that ended (what the repeat is chosen from, the same as before: `choose` is deterministic) and the
+repeat runs that did not, which are made again, from their checkpoints, when `choose` names them; no
+run that ended is made again.
 
 Every chooser has one shape: `choose(ended search trials, ended repeat trials)` returns (the runs its
 next decision waits for, whether it has finished). A fixed repeat (`RepeatBest`, a compare's
 `compare.BestOfEach`) answers all its runs and finished at once; a repeat in rounds (a compare's race,
 `compare.RaceOfFinalists`) is asked again each time a repeat trial has ended, until it says it has
-finished. Its answer is a function of the ended trials alone, so a restored run asks it with the trials
-Tune restored and continues the race where it stopped: an ended run is never made again, a run Tune holds
-unfinished is waited for, and only what is missing is made.
+finished. Its answer is a function of the ended trials alone, so a resumed run asks it with the trials
+the records hold and continues the race where it stopped: an ended run is never made again, a run left
+unfinished is made again from its checkpoint, and only what is missing is made anew.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from ray import cloudpickle
 from ray.tune.search import SearchAlgorithm
 
-from augtune.records import REPEAT, atomic_file
-
-STATE_FILE = "search-then-repeat-state-{}.pkl"  # recovery.TUNE_STATE knows it
+from augtune.records import REPEAT
+from augtune.search.resume import RESUME
 
 
 def is_repeat(config: Optional[dict]) -> bool:
@@ -60,16 +58,18 @@ class Ended:
 
 
 class SearchThenRepeat(SearchAlgorithm):
-    """`search` (a Tune search algorithm that `adapters.restorable` or `multiplex.EntrantsSearch`
+    """`search` (a Tune search algorithm that `searchers.Continuing` or `multiplex.EntrantsSearch`
     makes), then the repeat runs `choose` returns (each a trial config: `{REPEAT: params}`; see the module
-    docstring), at most `max_concurrent` repeat trials at a time (0: no limit)."""
+    docstring), at most `max_concurrent` repeat trials at a time (0: no limit). `records`: what a resume
+    holds (`resume.Records`; its search's unfinished trials are `search`'s to make again), with
+    `restart_errored` a failed repeat run made again from scratch."""
 
-    def __init__(self, search: SearchAlgorithm, choose: Chooser, max_concurrent: int = 0):
+    def __init__(self, search: SearchAlgorithm, choose: Chooser, max_concurrent: int = 0, records=None,
+                 restart_errored: bool = False):
         self.search, self.choose, self.max_concurrent = search, choose, max_concurrent
         self._experiment = None  # Tune's experiment: a repeat trial is made from its spec
         self._configs: dict[str, dict] = {}  # search trial id -> its config
         self._search_live: set[str] = set()
-        self._errored: set[str] = set()  # restored search trials that errored: Tune runs them again
         self._ended: dict[str, Ended] = {}
         self.runs: Optional[list[dict]] = None  # the repeat trials' configs, once chosen
         self._made: dict[int, str] = {}  # index in runs -> trial id
@@ -82,6 +82,23 @@ class SearchThenRepeat(SearchAlgorithm):
         self._repeat_configs: dict[str, dict] = {}
         self._repeat_ended: dict[str, Ended] = {}
         self._stale = False  # a repeat trial has ended since `choose` was last asked
+        self._again: list = []  # the repeat runs a resume makes again (`resume.Held`)
+        self._restart_errored = restart_errored
+        if records is not None:
+            self._resume(records)
+
+    def _resume(self, records) -> None:
+        """Start from what the records hold: the ended search trials (in their folders' order, as
+        `compare.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again."""
+        ended = sorted((h for held in records.search.values() for h in held if h.ended), key=lambda h: h.name)
+        for h in ended:
+            self._configs[h.name] = dict(h.config)
+            self._ended[h.name] = Ended(h.name, dict(h.config), dict(h.metrics))
+        for h in records.repeats:
+            if h.ended:
+                self._repeat_ended[h.name] = Ended(h.name, dict(h.config), dict(h.metrics))
+            else:
+                self._again.append(h)
 
     # -- where it stands -------------------------------------------------------------------------------
 
@@ -119,7 +136,8 @@ class SearchThenRepeat(SearchAlgorithm):
             if not self.search.is_finished():
                 trial = self.search.next_trial()
                 if trial is not None:
-                    self._configs[trial.trial_id] = copy.deepcopy(trial.config)
+                    self._configs[trial.trial_id] = {k: copy.deepcopy(v) for k, v in trial.config.items()
+                                                     if k != RESUME}
                     self._search_live.add(trial.trial_id)
                     return trial
             if not self.search_finished:
@@ -143,14 +161,8 @@ class SearchThenRepeat(SearchAlgorithm):
                                                      "the trial errored" if error else None)
                 self._stale = True  # a repeat in rounds that has not finished decides again
                 return
-            config = {k[len("config/"):]: v for k, v in (result or {}).items() if k.startswith("config/")}
-            self._configs[trial_id] = config
-            # `resume --restart-errored`: Tune runs an errored trial again as a new trial of the same config
-            twin = next((t for t in sorted(self._errored) if self._configs.get(t) == config), None)
-            if twin is not None:
-                self._errored.discard(twin)
-                self._search_live.discard(twin)
-        self._errored.discard(trial_id)
+            self._configs[trial_id] = {k[len("config/"):]: v for k, v in (result or {}).items()
+                                       if k.startswith("config/") and k != f"config/{RESUME}"}
         self._search_live.discard(trial_id)
         self._ended[trial_id] = Ended(trial_id, self._configs[trial_id], dict(result or {}),
                                       "the trial errored" if error else None)
@@ -177,6 +189,11 @@ class SearchThenRepeat(SearchAlgorithm):
         self.runs += [run for run in due if run not in self.runs]
         self._wanted = [self.runs.index(run) for run in due]
         self._chosen_all = bool(finished)
+        for name, ended in self._repeat_ended.items():  # a run the records hold ended: never made again
+            index = next((i for i, run in enumerate(self.runs)
+                          if i not in self._made and run == ended.config), None)
+            if index is not None and name not in self._made.values():
+                self._made[index] = name
 
     def _indices(self) -> list[int]:
         return list(range(len(self.runs or []))) if self._wanted is None else self._wanted
@@ -191,7 +208,7 @@ class SearchThenRepeat(SearchAlgorithm):
         self._made[index] = trial.trial_id
         self._repeat_ids.add(trial.trial_id)
         self._repeat_live.add(trial.trial_id)
-        self._repeat_configs[trial.trial_id] = copy.deepcopy(self.runs[index])
+        self._repeat_configs[trial.trial_id] = copy.deepcopy(self.runs[index])  # without RESUME
         return trial
 
     def _make(self, index: int):
@@ -200,76 +217,12 @@ class SearchThenRepeat(SearchAlgorithm):
         from augtune.search.adapters import trial_from_spec
 
         config = copy.deepcopy(self.runs[index])
+        held = next((h for h in self._again if h.config == config), None)
+        if held is not None:  # a run a resume makes again, in its folder, from its checkpoint
+            self._again.remove(held)
+            config = held.again(self._restart_errored)
         seed = config[REPEAT].get("train.seed", "?")
         return trial_from_spec(self._experiment.spec, config, f"{index + 1}_repeat_seed={seed}")
-
-    # -- one snapshot ---------------------------------------------------------------------------------------
-
-    def _state(self) -> dict:
-        # the experiment too: a resumed Tune run restores its search algorithm instead of configuring it
-        return {"configs": self._configs, "runs": self.runs, "made": self._made,
-                "repeat_ids": self._repeat_ids, "experiment": self._experiment, "wanted": self._wanted,
-                "chosen_all": self._chosen_all, "repeat_configs": self._repeat_configs}
-
-    def save_to_dir(self, dirpath: str, session_str: str) -> None:
-        """The search algorithm's own snapshot, then this one, written whole (temporary file, rename), then
-        the signatures of every state file beside them (Tune wrote its experiment state just before:
-        `augtune.search.trust`), which Tune copies to the experiment folder with them."""
-        from augtune.search.trust import sign
-
-        self.search.save_to_dir(dirpath, session_str=session_str)
-        with atomic_file(Path(dirpath) / STATE_FILE.format(session_str)) as f:
-            cloudpickle.dump(self._state(), f)
-        sign(dirpath)  # best effort on a full disk: Tune's own write of its state says so
-
-    def has_checkpoint(self, dirpath: str) -> bool:
-        return any(Path(dirpath).glob(STATE_FILE.format("*")))
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        """The newest snapshots, agreeing with the trials Tune restored (see the module docstring)."""
-        from augtune.search.adapters import restored_trials
-
-        self.search.restore_from_dir(dirpath)
-        newest = sorted(Path(dirpath).glob(STATE_FILE.format("*")))[-1]
-        with open(newest, "rb") as f:
-            state = cloudpickle.load(f)
-        self._configs, self.runs, self._made = state["configs"], state["runs"], dict(state["made"])
-        self._repeat_ids, self._experiment = set(state["repeat_ids"]), state["experiment"]
-        # a snapshot of augtune 0.4 has no rounds: its runs, once chosen, were all it would make
-        self._wanted = state.get("wanted")
-        self._chosen_all = state.get("chosen_all", self.runs is not None)
-        self._repeat_configs = dict(state.get("repeat_configs") or {})
-        trials = restored_trials(dirpath, repeats=True)
-        if trials is not None:
-            self.reconcile(trials)
-
-    def reconcile(self, trials: list) -> None:
-        """Agree with `trials` (`adapters.RestoredTrial`), every trial of the run that Tune restored."""
-        search = [t for t in trials if not is_repeat(t.config)]
-        repeats = [t for t in trials if is_repeat(t.config)]
-        self._configs.update({t.trial_id: dict(t.config) for t in search})
-        # an errored trial runs again (`augtune resume` resumes it; `--restart-errored` starts it anew, as a
-        # trial of another id): the search has ended when it has
-        self._errored = {t.trial_id for t in search if t.status == "ERROR"}
-        self._search_live = {t.trial_id for t in search if t.status != "TERMINATED"}
-        self._ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
-                       for t in search if t.status == "TERMINATED"}
-        # the repeat trials that ended are what a repeat in rounds decides from (an errored one runs again)
-        self._repeat_configs.update({t.trial_id: dict(t.config) for t in repeats})
-        self._repeat_ended = {t.trial_id: Ended(t.trial_id, dict(t.config), dict(t.last_result))
-                              for t in repeats if t.status == "TERMINATED"}
-        if self.runs is not None or repeats:  # the repeat had begun (a snapshot older than its trials: chosen
-            self._choose()                    # again, the same)
-        self._made, self._repeat_live = {}, set()
-        self._repeat_ids = {t.trial_id for t in repeats}
-        for t in repeats:
-            index = next((i for i, run in enumerate(self.runs or []) if i not in self._made and run == {
-                k: v for k, v in t.config.items() if k in run}), None)
-            if index is None:  # a repeat trial of runs chosen otherwise: Tune runs it; nothing is made for it
-                continue
-            self._made[index] = t.trial_id
-            if not t.finished:
-                self._repeat_live.add(t.trial_id)
 
 
 def _config_of(result: dict) -> dict:

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from ray import tune
+from ray.tune.search import (BasicVariantGenerator, ConcurrencyLimiter, SearchAlgorithm, SearchGenerator,
+                             Searcher)
 from ray.tune.search.sample import Categorical, Integer
 
 from augtune.config import Config, ConfigError
-from augtune.search.adapters import MetricResultsOptunaSearch, ReplayingVariantGenerator
+from augtune.search.resume import RESUME, take
+from augtune.search.adapters import MetricResultsOptunaSearch, Whole, experiment_of, trial_from_spec
 from augtune.spaces import Space, constants, define_by_run_values, quiet_study, searched
 from augtune.spaces.grammar import describe, is_grid, kind
 
@@ -160,20 +163,139 @@ def check_algorithm(search_cfg: Any, space: Space) -> None:
             )
 
 
-def searcher(cfg: Config, space: Space, storage: Any = None):
-    """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage. The
-    algorithm is a Searcher (Optuna) or a variant generator; `adapters.restorable` makes it what
-    Tune runs."""
+def searcher(cfg: Config, space: Space, storage: Any = None, done: Optional[list[dict]] = None):
+    """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage; `done`:
+    the configs of the trials a resumed search holds (its study's first points are not asked again). The
+    algorithm is a Searcher (Optuna) or a variant generator; `limited` makes it what Tune runs."""
     s = cfg.search
     if s.algorithm == "grid":
-        return ReplayingVariantGenerator(), grid_params(space)
+        return VariantGenerator(), grid_params(space)
     if s.algorithm == "random" and space.define_by_run is None:
-        return ReplayingVariantGenerator(points_to_evaluate=space.points_to_evaluate or None,
-                                         random_state=s.seed), dict(space.params)
+        return VariantGenerator(points_to_evaluate=space.points_to_evaluate or None,
+                                random_state=s.seed), dict(space.params)
     import optuna
 
     sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
                else optuna.samplers.RandomSampler(seed=s.seed))
     extra = {} if storage is None else {"storage": storage, "study_name": "augtune"}
-    return MetricResultsOptunaSearch(**to_optuna_search_kwargs(space), metric=s.metric, mode=s.mode,
-                                     sampler=sampler, **extra), constants(space)
+    kwargs = to_optuna_search_kwargs(space)
+    held = [dict(c) for c in done or ()]
+    kwargs["points_to_evaluate"] = [p for p in kwargs["points_to_evaluate"] if not take(held, p)] or None
+    return MetricResultsOptunaSearch(**kwargs, metric=s.metric, mode=s.mode, sampler=sampler, **extra), \
+        constants(space)
+
+
+def limited(algorithm, max_concurrent: int):
+    """The search algorithm Tune runs for `algorithm` (from `searcher`), at most `max_concurrent` trials
+    at a time (0: no limit; Tune's own `max_concurrent_trials` is left unset: this holds the limit)."""
+    if isinstance(algorithm, Searcher):
+        return SearchGenerator(ConcurrencyLimiter(algorithm, max_concurrent=max_concurrent))
+    algorithm.max_concurrent = max_concurrent
+    return algorithm
+
+
+class VariantGenerator(BasicVariantGenerator):
+    """Tune's BasicVariantGenerator (grid and random search; its variants are deterministic: the grid,
+    and the sampler seeded with `search.seed`) where a preset point's list value (a choice of lists:
+    CoCor's `cocor.lengths`) goes in wrapped (`adapters.Whole`): Tune reads a list in a preset as nested
+    keys and failed on it; the trial's config gets the list."""
+
+    def __init__(self, *args, points_to_evaluate: Optional[list] = None, **kwargs):
+        points = [{k: Whole(v) if isinstance(v, (list, tuple)) else v for k, v in p.items()}
+                  for p in points_to_evaluate or ()]
+        super().__init__(*args, points_to_evaluate=points or None, **kwargs)
+
+    def next_trial(self):
+        trial = super().next_trial()
+        if trial is not None:
+            trial.config = {k: Whole.unwrap(v) for k, v in trial.config.items()}
+            trial.evaluated_params = {k: Whole.unwrap(v) for k, v in trial.evaluated_params.items()}
+        return trial
+
+
+class Continuing(SearchAlgorithm):
+    """A search's algorithm (`limited`), continued by a resume (`augtune.search.resume`): first the
+    trials its records hold unfinished, made again (`again`: their configs, `RESUME` included), then only
+    the trials the search still lacks: a variant generator's variants a record holds (`held`: the configs
+    the searcher made each recorded trial with) are skipped; an Optuna searcher is asked for its budget
+    less the trials recorded (`recorded`), and told of each trial made again when it ends (`numbers`: its
+    folder -> the study's trial still running for it). At most `max_concurrent` trials at a time (0: no
+    limit), the trials made again included. New, nothing held: the algorithm as it is."""
+
+    def __init__(self, inner, max_concurrent: int = 0, again: tuple = (), held: tuple = (),
+                 recorded: int = 0, optuna: Optional[MetricResultsOptunaSearch] = None,
+                 numbers: Optional[dict] = None):
+        self.inner, self.max_concurrent = inner, max_concurrent
+        self._again = [dict(c) for c in again]
+        self._held = [dict(c) for c in held]
+        self._recorded, self._optuna, self._numbers = recorded, optuna, dict(numbers or {})
+        self._experiment = None
+        self._live: set[str] = set()
+        self._mine: set[str] = set()  # the trials made again
+        self._inner_done = False
+
+    @property
+    def metric(self):
+        return getattr(self.inner, "metric", None)
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    @property
+    def total_samples(self) -> int:
+        return self.inner.total_samples
+
+    def add_configurations(self, experiments) -> None:
+        self._experiment = experiment_of(experiments)
+        if self._optuna is None or not self._recorded:
+            self.inner.add_configurations(experiments)
+            return
+        left = int(self._experiment.spec.get("num_samples", 1)) - self._recorded
+        if left <= 0:
+            self._inner_done = True
+            return
+        own = copy.copy(self._experiment)
+        own.spec = {**self._experiment.spec, "num_samples": left}
+        self.inner.add_configurations([own])
+
+    def next_trial(self):
+        if self.max_concurrent and len(self._live) >= self.max_concurrent:
+            return None
+        if self._again:
+            config = self._again.pop(0)
+            trial = trial_from_spec(self._experiment.spec, config, "resumed")
+            self._mine.add(trial.trial_id)
+            if self._optuna is not None and config[RESUME]["folder"] in self._numbers:
+                self._optuna.adopt(trial.trial_id, self._numbers[config[RESUME]["folder"]])
+        else:
+            trial = self._next_new()
+        if trial is not None:
+            self._live.add(trial.trial_id)
+        return trial
+
+    def _next_new(self):
+        while not self._inner_done:
+            trial = self.inner.next_trial()
+            if trial is None or self._optuna is not None or not take(self._held, trial.config):
+                return trial
+            self.inner.on_trial_complete(trial.trial_id)  # a variant a record holds: its slot is free again
+        return None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id not in self._mine:
+            self.inner.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
+        self._live.discard(trial_id)
+        if trial_id in self._mine:
+            if self._optuna is not None:  # straight to the study: the limiter never saw it
+                self._optuna.on_trial_complete(trial_id, result=result, error=error)
+            return
+        self.inner.on_trial_complete(trial_id, result=result, error=error)
+
+    def is_finished(self) -> bool:
+        return not self._again and (self._inner_done or self.inner.is_finished())
+
+    def set_finished(self) -> None:
+        self.inner.set_finished()
+

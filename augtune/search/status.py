@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from augtune.records import (COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, ENTRANT, ERROR_FILE, RECORD_FILE,
-                             REPEAT, REPEAT_DIR, JSONFileError, read_json, read_search_file,
+                             REPEAT, REPEAT_DIR, RESUME, JSONFileError, read_json, read_search_file,
                              searched_schedule)
 from augtune.search.experiment import holder_alive
 
@@ -120,18 +120,32 @@ def _state(path: Path) -> list[tuple[dict, dict]]:
     return out
 
 
+def merged_states(exp_dir: Path) -> list[tuple[dict, dict]]:
+    """Every trial of the Tune runs in `exp_dir`, oldest state file first: a resume is a new Tune run of the
+    experiment, which writes a state of its own, and a trial it made again keeps its folder, so each folder's
+    trial is the one of the newest state that names it; a trial no folder was made for yet (pending) counts
+    only in the newest state."""
+    files = sorted(exp_dir.glob("experiment_state-*.json"))
+    trials: dict[str, tuple[dict, dict]] = {}
+    for i, path in enumerate(files):
+        for trial, run in _state(path):
+            key = trial.get("relative_logdir") or (f"pending {trial.get('trial_id')}" if i == len(files) - 1
+                                                   else None)
+            if key:
+                trials[key] = (trial, run)
+    return list(trials.values())
+
+
 def read_trials(exp_dir: Path, metric: str, entrants: Optional[Path] = None,
                 repeats: Optional[Path] = None) -> list[TrialStatus]:
     """The trials of the Tune experiment in `exp_dir`; `entrants`: the compare folder whose entrant
     folders hold the records of a Tune run that several searches share (`<entrants>/<entrant>/<trial>`);
     `repeats`: the folder of the repeat runs' records (`<repeats>/<trial>`)."""
-    state_file = _latest_state(exp_dir)
-    if state_file is None:
-        return []
     out = []
-    for trial, run in _state(state_file):
+    for trial, run in merged_states(exp_dir):
         folder = exp_dir / trial.get("relative_logdir", "")
         config = trial.get("config") if isinstance(trial.get("config"), dict) else {}
+        config = {k: v for k, v in config.items() if k != RESUME}
         repeat = isinstance(config.get(REPEAT), dict)
         params = config[REPEAT] if repeat else config
         entrant = config.get(ENTRANT)

@@ -1,11 +1,12 @@
 """The Tune run of an experiment, built in one place: a search is one entrant's, a compare every entrant's.
 
-`search_run(plan)` and `compare_run(plan)` give a `TuneRun`, what `launch.drive` runs new or restored: its
-trainable, what a new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner). Both
-starts build their Tuner with `tuner`, from each entrant's search algorithm and scheduler
-(`entrant_search`), the repeat's chooser (`repeat.RepeatBest`, `compare.BestOfEach`,
-`compare.RaceOfFinalists`) and one run config (`run_config`). `run_search` and `run_compare` build and
-drive; `launch` keeps Ray and the driving, `compare` the planning.
+`search_run(plan)` and `compare_run(plan)` give a `TuneRun`, what `launch.drive` runs, new or resumed: what a
+new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner, given the records a
+resume continues from: `augtune.search.resume`). Both starts build their Tuner with `tuner`, from each
+entrant's search algorithm and scheduler (`entrant_search`), the repeat's chooser (`repeat.RepeatBest`,
+`compare.BestOfEach`, `compare.RaceOfFinalists`) and one run config (`run_config`). A resume is a new Tune
+run of the same experiment, never `Tuner.restore`. `run_search` and `run_compare` build and drive;
+`launch` keeps Ray and the driving, `compare` the planning.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Callable, Optional
 from augtune.config import Config, to_dict
 from augtune.records import COMPARE_REPEAT, COMPARE_SEARCH, REPEAT_DIR, SEARCH_FILE
 from augtune.search.compare import BestOfEach, ComparePlan, FirstSeedFigures, RaceOfFinalists
-from augtune.search.experiment import clear_lost_start, optuna_storage, save_plan
+from augtune.search.experiment import optuna_storage, save_plan
 from augtune.search.launch import drive
 from augtune.search.plan import SearchPlan, trial_resources
 from augtune.search.schedulers import scheduling
@@ -25,15 +26,16 @@ __all__ = ["TuneRun", "compare_run", "entrant_search", "resume_search", "run_com
            "run_search", "search_algorithm", "search_run", "tuner"]
 
 
-def search_algorithm(search, choose, conc: int, scheduler=None):
-    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`), and the
-    scheduler: the search's own for its trials (ASHA), never one that stops a repeat run early."""
+def search_algorithm(search, choose, conc: int, scheduler=None, records=None, restart_errored: bool = False):
+    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`, continuing
+    `records` when resumed), and the scheduler: the search's own for its trials (ASHA), never one that
+    stops a repeat run early."""
     from augtune.search.multiplex import EntrantsScheduler
     from augtune.search.repeat import SearchThenRepeat
 
     if scheduler is not None and not isinstance(scheduler, EntrantsScheduler):
         scheduler = EntrantsScheduler({None: scheduler})
-    return SearchThenRepeat(search, choose, conc), scheduler
+    return SearchThenRepeat(search, choose, conc, records, restart_errored), scheduler
 
 
 @dataclass(frozen=True)
@@ -41,18 +43,26 @@ class TuneRun:
     """One experiment as Tune runs it: a search (one entrant) or a compare (one per method).
 
     `prepare()` writes what a new run starts from (its plan files: a folder `augtune resume` takes, even
-    when Ray then fails to start); `start(concurrency, log)` makes the new Tuner; a restored run needs
-    only the trainable (Tune pickled the rest)."""
+    when Ray then fails to start); `start(concurrency, log, records, restart_errored)` makes the Tuner, its
+    search algorithm and the callback that keeps each trial's status at Tune's last step; `records`
+    (`resume.Records`, read by `read`) is what a resumed run continues, None for a new one."""
 
-    experiment: str  # the experiment's folder or URI: the lock and the trust check are here
+    experiment: str  # the experiment's folder or URI: the lock is here
     path: str  # Tune's run in it: the experiment itself (a search) or its `search/` (a compare)
     cfg: Config  # sizes the local Ray and the concurrency
-    trainable: Any
     prepare: Callable[[], None]
-    start: Callable[[int, Callable[[str], None]], Any]
+    start: Callable[..., tuple]
+    resuming: bool  # its plan is in the folder already: `augtune resume` (or a start Ray refused)
+    searches: dict  # entrant (None: a search's own) -> the folder its trials' records are in
+    repeats: str  # the folder the repeat runs' records are in
     address: Optional[str] = None
     dashboard: bool = False
-    records: tuple[str, ...] = ()  # the folders its trials' and repeat runs' records are in
+
+    def read(self):
+        """What a resume continues from: every trial's record (`resume.read_records`)."""
+        from augtune.search.resume import read_records
+
+        return read_records(self.path, self.searches, self.repeats, compare=None not in self.searches)
 
 
 def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
@@ -92,32 +102,67 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: O
     )
 
 
-def entrant_search(plan: SearchPlan, conc: int) -> tuple[Any, dict, Any]:
+def entrant_search(plan: SearchPlan, conc: int, held: Optional[list] = None,
+                   restart_errored: bool = False) -> tuple[Any, dict, Any]:
     """One entrant's (a search's) search algorithm, the constants of its space (a search's param_space) and
     its Tune scheduler (None: FIFO). The algorithm holds the concurrency limit, the scheduler's live trials
-    (`schedulers`), and agrees with Tune's trials when restored (`adapters.restorable`)."""
-    from augtune.search.adapters import restorable
-    from augtune.search.searchers import searcher
+    (`schedulers`), and continues the trials a resume holds (`held`: `resume.Held`, read from the
+    entrant's records; `searchers.Continuing`)."""
+    from augtune.search.searchers import Continuing, limited, searcher
     from augtune.spaces import resolve_space
 
     own = scheduling(plan.cfg)
     space = resolve_space(plan.cfg.search, plan.modality)
-    algorithm, constants = searcher(plan.cfg, space, optuna_storage(plan))
-    return restorable(algorithm, own.live_trials(plan.cfg, conc)), constants, own.build(plan.cfg, space)
+    held = list(held or ())
+    storage = optuna_storage(plan)
+    algorithm, constants = searcher(plan.cfg, space, storage, done=[h.made for h in held])
+    live = own.live_trials(plan.cfg, conc)
+    optuna = algorithm if hasattr(algorithm, "adopt") else None
+    numbers = settled(storage, held, plan.cfg.search.metric) if optuna is not None and held else {}
+    again = [h.again(restart_errored) for h in held if not h.ended]
+    continuing = Continuing(limited(algorithm, live), live, again, [h.made for h in held], len(held), optuna,
+                            numbers)
+    return continuing, constants, own.build(plan.cfg, space)
+
+
+def settled(storage, held: list, metric: str) -> dict[str, int]:
+    """Optuna's study in `storage`, its trials left running settled (`resume.settle_study`): the trials made
+    again -> the study's trial of each. {} when there is no study yet."""
+    import optuna
+
+    from augtune.search.experiment import STUDY_NAME
+    from augtune.search.resume import settle_study
+
+    try:
+        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+    except KeyError:  # no study: the driver stopped before the search asked for a trial
+        return {}
+    return settle_study(study, held, metric)
 
 
 def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, param_space: dict,
-          num_samples: int, config):
-    """The Tuner of a new run: `search`'s trials, then the repeat runs `choose` picks, in one run
-    (`search_algorithm`), on the search metric, its processes reused from trial to trial."""
+          num_samples: int, config, records=None, restart_errored: bool = False) -> tuple:
+    """The Tuner of a run (new, or continuing `records`), its search algorithm and the callback that keeps
+    each trial's status at Tune's last step: `search`'s trials, then the repeat runs `choose` picks, in one
+    run (`search_algorithm`), on the search metric, its processes reused from trial to trial, each trial a
+    resume makes again in its own folder (`adapters.trial_folder`)."""
     from ray import tune
 
-    search_alg, sched = search_algorithm(search, choose, conc, scheduler)
+    from augtune.search.adapters import trial_folder
+    from augtune.search.callbacks import ContinueResultLog, StepStatuses
+
+    search_alg, sched = search_algorithm(search, choose, conc, scheduler, records, restart_errored)
+    stepped = StepStatuses()
+    config.callbacks = [*config.callbacks, ContinueResultLog(), stepped]
+    for callback in config.callbacks:
+        if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
+            callback.phases = search_alg
     return tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
-                                    scheduler=sched, num_samples=num_samples, reuse_actors=True),
-        run_config=config)
+                                    scheduler=sched, num_samples=num_samples, reuse_actors=True,
+                                    trial_dirname_creator=trial_folder),
+        run_config=config), search_alg, stepped
 
 
 # -- a search -------------------------------------------------------------------------------------------
@@ -127,41 +172,36 @@ def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
     """The Tune run of a search and, when asked, the repeat of its best configurations (`on_completed`:
     what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
     trainable = search_trainable(plan, on_completed)
-    lost = exists(f"{plan.experiment}/{SEARCH_FILE}")  # resumed, but Tune saved nothing
 
-    def prepare() -> None:
-        clear_lost_start(plan)  # a driver killed before Tune saved anything: its study starts again
-        save_plan(plan)
-
-    def start(conc: int, log: Callable[[str], None]):
+    def start(conc: int, log: Callable[[str], None], records=None, restart_errored: bool = False):
         from augtune.search.repeat import RepeatBest
 
-        if lost:
-            log("no Tune state was saved yet: starting the search from the beginning")
         cfg = plan.cfg
         rb = cfg.search.repeat_best
         log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
             f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
             + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
                + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
-        search, param_space, own = entrant_search(plan, conc)
+        held = records.search.get(None) if records is not None else None
+        search, param_space, own = entrant_search(plan, conc, held, restart_errored)
         return tuner(trainable, cfg, search, RepeatBest(to_dict(cfg)), conc, own, param_space,
                      cfg.search.num_samples,
                      run_config(cfg, plan.name, plan.storage, callbacks or [],
-                                repeats=f"{plan.experiment}/{REPEAT_DIR}"))
+                                repeats=f"{plan.experiment}/{REPEAT_DIR}"), records, restart_errored)
 
-    return TuneRun(plan.experiment, plan.experiment, plan.cfg, trainable, prepare, start,
-                   plan.address, plan.dashboard, (plan.experiment, f"{plan.experiment}/{REPEAT_DIR}"))
+    return TuneRun(plan.experiment, plan.experiment, plan.cfg, lambda: save_plan(plan), start,
+                   exists(f"{plan.experiment}/{SEARCH_FILE}"), {None: plan.experiment},
+                   f"{plan.experiment}/{REPEAT_DIR}", plan.address, plan.dashboard)
 
 
 def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None, restart_errored: bool = False, trust: bool = False) -> None:
-    """Start a search, or continue it where Tune's saved state left it (`augtune resume`): finish the
-    search, then (in the same Tune run, and only then) the repeat of the whole search's best."""
-    drive(search_run(plan, on_completed, callbacks), log, restart_errored, trust)
+               callbacks: Optional[list] = None, restart_errored: bool = False) -> None:
+    """Start a search, or continue it from its records (`augtune resume`): finish the search, then (in
+    the same Tune run, and only then) the repeat of the whole search's best."""
+    drive(search_run(plan, on_completed, callbacks), log, restart_errored)
 
 
-resume_search = run_search  # one path: `drive` restores when Tune saved a state, else starts anew
+resume_search = run_search  # one path: `drive` continues from the records when the plan is there
 
 
 # -- a compare ------------------------------------------------------------------------------------------
@@ -173,6 +213,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     shows."""
     from ray import tune
 
+    from augtune.records import COMPARE_FILE
     from augtune.trainables.ray_trainable import tune_entrant_trial
 
     first = plan.plans[0]
@@ -190,19 +231,17 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     )
 
     def prepare() -> None:
-        from augtune.search.experiment import clear_lost_start, save_plan
-
         plan.save()
         for p in plan.plans:
-            clear_lost_start(p)  # a driver killed before Tune saved anything: its study starts again
             save_plan(p)
 
-    def start(conc: int, log: Callable[[str], None]):
+    def start(conc: int, log: Callable[[str], None], records=None, restart_errored: bool = False):
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
 
         entrants, schedulers = {}, {}
         for p in plan.plans:
-            search, constants, own = entrant_search(p, conc)
+            held = records.search.get(p.name) if records is not None else None
+            search, constants, own = entrant_search(p, conc, held, restart_errored)
             entrants[p.name] = (search, constants, p.cfg.search.num_samples)
             if own is not None:
                 schedulers[p.name] = own  # PBT's perturbations: the entrant's own domains
@@ -216,10 +255,10 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
         return tuner(trainable, cfg, EntrantsSearch(entrants, conc, populations), choose, conc,
                      EntrantsScheduler(schedulers), {}, sum(p.cfg.search.num_samples for p in plan.plans),
                      run_config(kept(cfg, plan), COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
-                                repeats))
+                                repeats), records, restart_errored)
 
-    return TuneRun(plan.experiment, path, cfg, trainable, prepare, start, first.address, first.dashboard,
-                   (*folders.values(), repeats))
+    return TuneRun(plan.experiment, path, cfg, prepare, start, exists(f"{plan.experiment}/{COMPARE_FILE}"),
+                   folders, repeats, first.address, first.dashboard)
 
 
 def kept(cfg: Config, plan: ComparePlan) -> Config:
@@ -230,6 +269,6 @@ def kept(cfg: Config, plan: ComparePlan) -> Config:
 
 
 def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
-                callbacks: Optional[list] = None, trust: bool = False) -> None:
-    """Start a compare, or continue it where Tune's saved state left it (`augtune resume`)."""
-    drive(compare_run(plan, on_completed, callbacks), log, trust=trust)
+                callbacks: Optional[list] = None, restart_errored: bool = False) -> None:
+    """Start a compare, or continue it from its records (`augtune resume`)."""
+    drive(compare_run(plan, on_completed, callbacks), log, restart_errored)

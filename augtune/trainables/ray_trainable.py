@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Callable
 from augtune import scratch
 from augtune.config import Config, from_dict, method_label, set_values, to_dict, value_of
 from augtune.records import (
-    CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, ROUND, RunRecord, is_uri, knob_schedule,
+    CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RESUME, ROUND, RunRecord, is_uri,
+    knob_schedule,
 )
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ def exploited(donor: RunRecord, own: RunRecord, epoch: int, folder: TrialFolder 
         schedule = knob_schedule(data["epochs"])
         data.update(status=donor.status, final=dict(donor.final), finished=donor.data.get("finished"))
     data["config"] = {**data["config"], "schedule": schedule}
-    for key in ("seconds", "cpu_seconds", "nodes"):
+    for key in ("seconds", "cpu_seconds", "nodes", "variant"):  # the trial's own, not the donor's
         if before.get(key):
             data[key] = before[key]
     return RunRecord(data)
@@ -246,14 +247,15 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     elsewhere, for `augtune plot`); `entrant`: a compare's entrant, whose label the record keeps (its
     method's label by default). All are bound with `tune.with_parameters`.
     """
+    again = params.get(RESUME) or {}  # a trial a resume made again: where it continues from
+    params = {k: v for k, v in params.items() if k != RESUME}
     repeat = REPEAT in params
     # a race's repeat run: its candidate and round, kept in its record (the race is rebuilt from these)
     race = {name: params[key] for name, key in (("candidate", CANDIDATE), ("round", ROUND)) if key in params}
     params = params[REPEAT] if repeat else params  # a repeat run carries its whole parameter set
     cfg = trial_config(repeat_params(params, base, racing=bool(race)) if repeat else params, base)
-    about = {"params": dict(params), "phase": "repeat" if repeat else "search",
-             "entrant": entrant or method_label(cfg),
-             "process": os.getpid(), **race}
+    about = {"params": dict(params), "variant": dict(params), "phase": "repeat" if repeat else "search",
+             "entrant": entrant or method_label(cfg), "process": os.getpid(), **race}
     records = (repeats or experiment) if repeat else experiment
     folder = TrialFolder(records)
     about["trial"] = folder.name  # whose run a checkpoint holds (PBT copies checkpoints between trials)
@@ -261,8 +263,9 @@ def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnComple
     if runs_in_process(cfg):
         if tune_run is not None and tune_run.rstrip("/") != records.rstrip("/"):  # Tune keeps them elsewhere
             about["checkpoints"] = posixpath.relpath(f"{tune_run}/{folder.name}", f"{records}/{folder.name}")
-        return _in_trial(cfg, folder, hook, about)
-    return _train_driver(cfg, folder, about)  # Train keeps its checkpoints in the trial's folder
+        return _in_trial(cfg, folder, hook, about, again.get("checkpoint"))
+    # Train keeps its checkpoints in the trial's folder, a resumed trial's in the Train run it had
+    return _train_driver(cfg, folder, about, again.get("train"))
 
 
 def repeat_params(params: dict, base: dict, racing: bool = False) -> dict:
@@ -375,11 +378,21 @@ class TrialFolder:
             return None
 
 
-def _in_trial(cfg: Config, folder: TrialFolder, on_completed: OnCompleted | None, about: dict) -> None:
+def _in_trial(cfg: Config, folder: TrialFolder, on_completed: OnCompleted | None, about: dict,
+              resume_from: str | None = None) -> None:
+    """The loop in the Tune trial itself: from Tune's checkpoint of it, else (a trial a resume made again)
+    from `resume_from`, the newest complete checkpoint of its run before."""
     import ray.tune
 
+    def get_checkpoint():
+        ckpt = ray.tune.get_checkpoint()
+        if ckpt is None and resume_from:
+            ckpt = ray.tune.Checkpoint(resume_from) if is_uri(resume_from) \
+                else ray.tune.Checkpoint.from_directory(resume_from)
+        return ckpt
+
     isolate_trial(cfg)
-    run_loop(cfg, rank=0, world_size=1, get_checkpoint=ray.tune.get_checkpoint, report=ray.tune.report,
+    run_loop(cfg, rank=0, world_size=1, get_checkpoint=get_checkpoint, report=ray.tune.report,
              Checkpoint=ray.tune.Checkpoint, folder=folder, on_completed=on_completed, about=about)
 
 
@@ -409,7 +422,10 @@ def _train_worker(config: dict) -> None:
     )
 
 
-def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None) -> None:
+def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None,
+                  run: str | None = None) -> None:
+    """A DDP trial: a Ray Train run in the trial's folder (`run`: the one a resumed trial had, which Train
+    continues from its own storage)."""
     import ray.train
     import ray.tune
     from ray.train.torch import TorchTrainer
@@ -427,7 +443,7 @@ def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None) -
                                                resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(
             # A stable name and storage path (the trial's folder) is what lets a restarted trial resume.
-            name=f"train-{ctx.get_trial_id()}",
+            name=run or f"train-{ctx.get_trial_id()}",
             storage_path=folder.target,
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=cfg.search.max_failures),

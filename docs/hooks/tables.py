@@ -53,7 +53,7 @@ SNIPPETS = Path("docs/snippets")
 # the modules that write a run's record: a key they set is a field of record.json
 WRITERS = (Path("augtune/records.py"), Path("augtune/trainables/run.py"),
            Path("augtune/trainables/ray_trainable.py"), Path("augtune/plots/__init__.py"),
-           Path("augtune/search/callbacks.py"), Path("augtune/search/recovery.py"))
+           Path("augtune/search/callbacks.py"))
 # (page, marker): each marker is replaced by its table
 BASES_MARKER = ("methods/index.md", "<!-- augtune:bases -->")
 METHODS_MARKER = ("methods/index.md", "<!-- augtune:methods -->")

@@ -1,0 +1,266 @@
+"""What a resume continues from: the records augtune wrote, read as data (imports neither Ray nor Optuna).
+
+A resume never restores Tune's saved state (`tuner.pkl`, `experiment_state-*.json` and the searchers'
+pickles are Tune's to write and nobody's to read): it reads each trial's `record.json` (written by the
+trial itself after every epoch, straight to its folder), the newest complete checkpoint of each trial
+that has not ended (model and record, loaded `weights_only`) and Optuna's journal (JSON lines), and
+starts a new Tune run of the same experiment through Tune's public API (`tune_run.tuner`):
+
+- a trial whose record says it ended (`completed`, `stopped` by the scheduler) is what it is: its
+  search's searcher counts it, the repeat chooses from it, and nothing runs it again;
+- every other trial (running when the driver stopped, `interrupted`, `failed`) is made again with its
+  parameters, first, as a trial of the same folder (`_resume`, `RESUME`: `tune_run.trial_folder` names
+  Tune's folder of it after it, so its record, its result log and its checkpoints carry on there), from
+  its newest complete checkpoint (`--restart-errored`: a failed one from scratch);
+- a searcher makes only the trials its search still lacks (`searchers.Continuing`): a variant generator
+  replays its variants and skips each one a record holds; Optuna's study holds every trial asked, and
+  its trials still RUNNING are settled here (`settle_study`): told the value of the record that ended,
+  kept for the trial made again, failed when no record holds them (asked, never started);
+- a repeat chooses again from the ended trials (its choosers are functions of them), and only runs no
+  record holds are made (`repeat.SearchThenRepeat`);
+- PBT: each trial made again keeps its clock (the epoch of its checkpoint: `multiplex.EntrantsScheduler`)
+  and its lineage (its record); ASHA starts afresh, and a trial made again meets only the rungs ahead.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from augtune.records import CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RESUME, ROUND
+
+__all__ = ["RESUME", "Held", "Records", "read_records", "settle_study", "take"]
+ENDED = ("completed", "stopped")
+CHECKPOINT_PREFIX = "checkpoint_"
+RESULT_FILE = "result.json"  # Tune's result log of a trial
+TRAIN_PREFIX = "train-"  # a DDP trial's Ray Train run, in its folder (it resumes from its own storage)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One trial of an experiment, as its record tells it."""
+
+    name: str  # its folder's name: Tune's folder of the trial, and the folder of its record
+    config: dict  # its Tune config, as its searcher or the repeat's chooser made it
+    status: str  # the record's: completed, stopped, failed, interrupted, running
+    metrics: dict = field(default_factory=dict)  # its last result as Tune had it (the last epoch's values)
+    error: Optional[str] = None
+    resume: dict = field(default_factory=dict)  # what `RESUME` carries when it is made again
+    made: dict = field(default_factory=dict)  # the config its searcher made it with (a PBT trial's `config`
+    # holds its values now, which PBT perturbed since)
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+    def again(self, restart_errored: bool = False) -> dict:
+        """Its Tune config when made again: from its checkpoint, or from scratch (a failed trial with
+        `restart_errored`), in its own folder."""
+        resume = dict(self.resume)
+        if restart_errored and self.status == "failed":
+            resume.update(checkpoint=None, epoch=0, train=None)
+        return {**self.config, RESUME: resume}
+
+
+@dataclass(frozen=True)
+class Records:
+    """Every trial of an experiment's Tune run: each search's (by entrant; None: a search's own) and the
+    repeat's."""
+
+    search: dict = field(default_factory=dict)  # entrant -> [Held]
+    repeats: list = field(default_factory=list)
+
+    def trials(self) -> list[Held]:
+        return [*(h for held in self.search.values() for h in held), *self.repeats]
+
+
+# -- reading -------------------------------------------------------------------------------------------
+
+def read_records(tune_run: str, searches: dict, repeats: Optional[str], compare: bool) -> Records:
+    """The trials of the Tune run at `tune_run` (a folder or URI), from their records: each search's in
+    `searches` (entrant -> the folder of its records; a search's own is None -> its folder) and the
+    repeat's in `repeats`. `compare`: the trials carry their entrant in their config."""
+    search = {entrant: [held_trial(tune_run, folder, name, record, entrant if compare else None)
+                        for name, record in records_in(folder)]
+              for entrant, folder in searches.items()}
+    runs = [held_repeat(tune_run, repeats, name, record, compare) for name, record in records_in(repeats)] \
+        if repeats else []
+    return Records(search, runs)
+
+
+def records_in(folder: str) -> list[tuple[str, dict]]:
+    """(folder name, record) of every trial record directly under `folder`, by name; a record that cannot
+    be read (cut short) is taken as a run that did not end (it is made again, from its checkpoint)."""
+    from augtune.search.storage import names, read_bytes
+
+    out = []
+    for name in names(folder):
+        data = read_bytes(folder, f"{name}/{RECORD_FILE}")
+        if data is None:
+            continue
+        try:
+            record = json.loads(data)
+        except ValueError:
+            record = {"status": "running", "error": "its record was cut short"}
+        if isinstance(record, dict):
+            out.append((name, record))
+    return out
+
+
+def last_result(record: dict) -> dict:
+    """A trial's last result as Tune had it: its last epoch's numbers."""
+    epochs = record.get("epochs") or []
+    last = epochs[-1] if epochs and isinstance(epochs[-1], dict) else {}
+    return {k: v for k, v in last.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _held(tune_run: str, records: str, name: str, record: dict, config: dict, made: dict) -> Held:
+    status = str(record.get("status") or "running")
+    resume = {} if status in ENDED else checkpoint_of(tune_run, records, name, record.get("lineage"))
+    return Held(name, config, status, last_result(record), record.get("error"), {"folder": name, **resume},
+                made)
+
+
+def held_trial(tune_run: str, records: str, name: str, record: dict, entrant: Optional[str]) -> Held:
+    """A search trial: its config is its parameters (searched and constant), with its entrant's name in
+    a compare."""
+    config = dict(record.get("params") or {})
+    made = dict(record.get("variant") or config)
+    if entrant is not None:
+        config[ENTRANT] = made[ENTRANT] = entrant
+    return _held(tune_run, records, name, record, config, made)
+
+
+def held_repeat(tune_run: str, records: str, name: str, record: dict, compare: bool) -> Held:
+    """A repeat run: its config as the repeat's chooser makes it (`{REPEAT: parameters}`, with its
+    entrant in a compare and its candidate and round in a race)."""
+    config: dict[str, Any] = {REPEAT: dict(record.get("params") or {})}
+    if compare:
+        config[ENTRANT] = record.get("entrant")
+    for key, value in ((CANDIDATE, record.get("candidate")), (ROUND, record.get("round"))):
+        if value is not None:
+            config[key] = value
+    return _held(tune_run, records, name, record, config, config)
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------
+
+def checkpoint_of(tune_run: str, records: str, name: str, lineage: Optional[list] = None) -> dict:
+    """Where a trial that did not end continues from: {"checkpoint": the newest complete checkpoint folder
+    (model and record, the record's epochs the most) or None, "epoch": its epoch, "index": the highest
+    checkpoint number Tune gave it (the next continue after it), "train": its Ray Train run (a DDP trial,
+    which resumes from Train's own storage) or None}. An in-process trial's checkpoints are in Tune's
+    folder of it; a DDP trial's in its Train run, in the folder of its record. A PBT trial that copied
+    another (its record's `lineage`) after its newest checkpoint continues from the checkpoint it copied,
+    while that is kept, so the copy stays in its run."""
+    from augtune.search.storage import names
+
+    tune_folder = f"{tune_run.rstrip('/')}/{name}"
+    inside = names(tune_folder)
+    index = max((_index(n) for n in inside if n.startswith(CHECKPOINT_PREFIX)), default=-1)
+    complete = [(epoch, _index(n), f"{tune_folder}/{n}") for n in inside if n.startswith(CHECKPOINT_PREFIX)
+                for epoch in [checkpoint_epoch(f"{tune_folder}/{n}")] if epoch is not None]
+    # A trial uploads its checkpoint before Tune logs its result, and Tune's copy of the log can lag: the
+    # newest checkpoint whose epoch the log holds, so that every epoch is logged once (the ones after it
+    # are trained again); when the log holds none of them, the oldest, the smallest gap.
+    logged = logged_epoch(tune_folder)
+    oldest = min(complete, default=(0, -1, None))
+    epoch, _, path = max((c for c in complete if c[0] <= logged), default=oldest)
+    copied = (lineage or [None])[-1]
+    if isinstance(copied, dict) and copied.get("trial") == name and int(copied.get("epoch") or 0) > epoch:
+        donor = f"{tune_run.rstrip('/')}/{copied.get('from')}"
+        kept = [f"{donor}/{n}" for n in names(donor) if n.startswith(CHECKPOINT_PREFIX)]
+        path = next((c for c in sorted(kept, reverse=True) if checkpoint_epoch(c) == copied["epoch"]), path)
+        epoch = copied["epoch"] if path in kept else epoch
+    own = f"{records.rstrip('/')}/{name}"
+    train = max((n for n in names(own) if n.startswith(TRAIN_PREFIX)), default=None)
+    return {"checkpoint": path, "epoch": epoch, "index": index, "train": train}
+
+
+def logged_epoch(folder: str) -> int:
+    """The last epoch in Tune's result log of a trial (`result.json`: one JSON object per line; a line cut
+    short is skipped); 0 when there is none."""
+    from augtune.search.storage import read_bytes
+
+    epochs = [0]
+    for line in (read_bytes(folder, RESULT_FILE) or b"").splitlines():
+        try:
+            epoch = json.loads(line).get("epoch")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(epoch, int):
+            epochs.append(epoch)
+    return max(epochs)
+
+
+def _index(name: str) -> int:
+    try:
+        return int(name[len(CHECKPOINT_PREFIX):])
+    except ValueError:
+        return -1
+
+
+def checkpoint_epoch(folder: str) -> Optional[int]:
+    """The epochs a checkpoint folder holds (its record's), or None unless it is complete: model and record
+    both there and the record whole (a kill can cut an upload or a delete short)."""
+    from augtune.search.storage import exists, read_bytes
+
+    data = read_bytes(folder, RECORD_FILE)
+    if not data or not exists(folder, CHECKPOINT_FILE):
+        return None
+    try:
+        return len(json.loads(data)["epochs"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# -- Optuna's study ------------------------------------------------------------------------------------------
+
+def settle_study(study, held: Iterable[Held], metric: str) -> dict[str, int]:
+    """Settle the trials Optuna's `study` (`optuna.load_study` of the search's journal) still has RUNNING:
+    one whose parameters a record that ended holds is told that record's value (or pruned, with none); one
+    a trial made again holds stays running, and is told when that trial ends; any other was asked and never
+    ran (the driver stopped first), and fails, as Optuna advises for trials left running. The trials made
+    again: their folder name -> the study's trial number."""
+    from optuna.trial import TrialState
+
+    ended = [h for h in held if h.ended]
+    again = [h for h in held if not h.ended]
+    numbers: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        match = next((h for h in ended if _same(trial.params, h.config)), None)
+        if match is not None:
+            ended.remove(match)
+            value = match.metrics.get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                study.tell(trial.number, value, skip_if_finished=True)
+            else:
+                study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)
+            continue
+        match = next((h for h in again if _same(trial.params, h.config)), None)
+        if match is not None:
+            again.remove(match)
+            numbers[match.name] = trial.number
+            continue
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    return numbers
+
+
+def _same(params: dict, config: dict) -> bool:
+    """Whether a trial's searched `params` are those of `config` (Tune's config: searched and constant)."""
+    return bool(params) and all(k in config and config[k] == v for k, v in params.items())
+
+
+def take(held: list[dict], config: dict) -> bool:
+    """Whether `config` (a variant a searcher made, its searched and constant parameters) is one of `held`
+    (the configs of the trials the records hold): if so, that one is taken from the list (a grid repeated
+    `num_samples` times holds each configuration as often)."""
+    for i, params in enumerate(held):
+        if all(params.get(k, _MISSING) == v for k, v in config.items() if not k.startswith("_")):
+            del held[i]
+            return True
+    return False
+
+
+_MISSING = object()
