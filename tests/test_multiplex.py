@@ -4,6 +4,7 @@ objects, without a Ray runtime."""
 from __future__ import annotations
 
 import tempfile
+from types import SimpleNamespace
 
 import optuna
 from ray.tune.experiment import Experiment, Trial
@@ -13,6 +14,7 @@ from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch, entrant_
 from augtune.search.adapters import MetricResultsOptunaSearch
 from augtune.search.resume import Held, settle_study
 from augtune.search.searchers import Continuing, limited
+from augtune.config import from_dict, to_dict
 from augtune.records import ENTRANT, RESUME
 
 SPACE = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
@@ -166,13 +168,18 @@ def test_each_entrant_has_its_own_asha_rungs():
 
 
 def test_trial_parameters_name_their_entrant_and_drop_it_before_training(monkeypatch):
+    """One trial function for a search (the entrant None) and a compare: the entrant picks its base and
+    its records' folder, the record keeps its label, and what trains never sees the name."""
     import augtune.trainables.ray_trainable as rt
 
-    seen = {}
-    monkeypatch.setattr(rt, "tune_trial", lambda params, base, experiment, **where: seen.update(
-        params=params, base=base, experiment=experiment, **where))
-    rt.tune_entrant_trial({ENTRANT: "b", "train.lr": 0.1}, bases={"a": {"x": 1}, "b": {"x": 2}},
-                          experiments={"a": "/e/a", "b": "/e/b"}, repeats="/e/repeat")
-    assert seen == {"params": {"train.lr": 0.1}, "base": {"x": 2}, "experiment": "/e/b",
-                    "repeats": "/e/repeat", "entrant": "b"}  # the record keeps the entrant's label
-
+    seen = []
+    monkeypatch.setattr(rt, "_in_trial", lambda cfg, folder, hook, about, *_: seen.append(
+        (cfg.train.lr, cfg.train.epochs, folder, about["entrant"], about["params"])))
+    monkeypatch.setattr(rt, "TrialFolder", lambda records: SimpleNamespace(name="t", records=records))
+    bases = {"b": to_dict(from_dict({"train": {"epochs": 3}})), None: to_dict(from_dict({}))}
+    rt.tune_trial({ENTRANT: "b", "train.lr": 0.1}, bases=bases, experiments={"b": "/e/b", None: "/e"},
+                  repeats="/e/repeat")
+    rt.tune_trial({"train.lr": 0.2}, bases=bases, experiments={"b": "/e/b", None: "/e"})
+    (lr, epochs, folder, entrant, params), (lr2, _, folder2, entrant2, _) = seen
+    assert (lr, epochs, folder.records, entrant, params) == (0.1, 3, "/e/b", "b", {"train.lr": 0.1})
+    assert (lr2, folder2.records, entrant2) == (0.2, "/e", "simclr")  # a search's: its method's label

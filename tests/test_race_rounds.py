@@ -384,8 +384,8 @@ def test_a_race_runs_record_names_its_candidate_and_round(monkeypatch):
     monkeypatch.setattr(ray_trainable, "_in_trial", lambda cfg, folder, hook, about, *_: seen.update(about))
     monkeypatch.setattr(ray_trainable, "TrialFolder", lambda records: SimpleNamespace(name="t"))
     run = {REPEAT: {"train.lr": 0.1, "train.seed": 12}, ENTRANT: "simclr", CANDIDATE: "simclr#2", ROUND: 1}
-    ray_trainable.tune_entrant_trial(run, bases={"simclr": to_dict(load_config(None, []))},
-                                     experiments={"simclr": tempfile.mkdtemp()}, repeats=tempfile.mkdtemp())
+    ray_trainable.tune_trial(run, bases={"simclr": to_dict(load_config(None, []))},
+                             experiments={"simclr": tempfile.mkdtemp()}, repeats=tempfile.mkdtemp())
     assert (seen["candidate"], seen["round"], seen["phase"]) == ("simclr#2", 1, "repeat")
     assert seen["params"] == {"train.lr": 0.1, "train.seed": 12}
 

@@ -70,7 +70,7 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
 
     records = read_records(str(exp), {None: str(exp)}, str(exp / "repeat_best"), compare=False)
     held = {h.name: h for h in records.search[None]}
-    assert sorted(held) == ["t1", "t2", "t3", "t4", "t6"] and records.repeats == []
+    assert sorted(held) == ["t1", "t2", "t3", "t4"] and records.repeats == []  # t6's names no parameters
     assert held["t1"].ended and held["t2"].ended and not held["t3"].ended and not held["t4"].ended
     assert held["t1"].metrics == {"epoch": 4, "knn_acc": 0.4} and held["t1"].config == {"train.lr": 0.1}
     assert held["t3"].made == {"train.lr": 0.03}  # what the searcher made it with: PBT perturbed it since
@@ -78,7 +78,6 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
                                  "epoch": 3, "index": 2, "train": None}
     assert held["t3"].again() == {"train.lr": 0.3, RESUME: held["t3"].resume}
     assert held["t4"].resume["checkpoint"] is None and held["t4"].resume["index"] == -1
-    assert held["t6"].status == "running" and not held["t6"].ended  # made again, from scratch here
     # --restart-errored: a failed trial from scratch; a trial that was running keeps its checkpoint
     assert held["t4"].again(True)[RESUME]["checkpoint"] is None
     assert held["t3"].again(True)[RESUME]["checkpoint"] == held["t3"].resume["checkpoint"]
@@ -287,3 +286,28 @@ def test_a_pbt_trial_that_copied_another_after_its_last_checkpoint_continues_fro
     (held,) = [h for h in read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]
                if h.name == "t"]
     assert held.resume["checkpoint"] == str(exp / "t" / "checkpoint_000000") and held.resume["epoch"] == 2
+
+
+def test_a_ddp_trials_driver_keeps_a_record_a_resume_can_continue(tmp_path):
+    """A DDP trial's workers write their records into their checkpoints; its driver writes the trial's
+    record at the start (its parameters: what a resume makes it again with, continuing its Train run) and
+    when it fails (with the worker's reason), never over a record already there."""
+    from augtune.config import load_config
+    from augtune.trainables.ray_trainable import TrialFolder, _driver_record
+
+    cfg = load_config(None, ["dataset.as_vectors=true"])
+    folder = TrialFolder(str(tmp_path), name="tune_trial_x")
+    about = {"params": {"train.lr": 0.1}, "variant": {"train.lr": 0.1}, "phase": "search",
+             "trial": "tune_trial_x"}
+    _driver_record(cfg, folder, about)
+    first = json.loads((tmp_path / "tune_trial_x" / "record.json").read_text())
+    assert first["status"] == "running" and first["params"] == {"train.lr": 0.1}
+    (tmp_path / "tune_trial_x" / "train-abc").mkdir()
+    _driver_record(cfg, folder, {**about, "params": {"train.lr": 9.9}})  # resumed: its record stays
+    assert json.loads((tmp_path / "tune_trial_x" / "record.json").read_text()) == first
+    (held,) = read_records(str(tmp_path), {None: str(tmp_path)}, None, compare=False).search[None]
+    assert held.again()[RESUME]["train"] == "train-abc" and held.config == {"train.lr": 0.1}
+    _driver_record(cfg, folder, about, "RuntimeError: a worker died")
+    failed = json.loads((tmp_path / "tune_trial_x" / "record.json").read_text())
+    assert (failed["status"], failed["error"], failed["params"]) == ("failed", "RuntimeError: a worker died",
+                                                                   {"train.lr": 0.1})

@@ -19,6 +19,9 @@ storages). What the public API does not offer, and why augtune needs it anyway (
   an MLflow run after Tune's trial and offers no way to know which run it started, which augtune renames
   by method and phase (`augtune.search.loggers.mlflow_logger`).
 
+Beside them, `trial_folders` reads where a trial's files are from Tune's developer API (`Trial.storage`,
+`Trial.local_path`), as Tune's own logger callbacks do.
+
 The versions these were written against are `SUPPORTED` (the same ranges as pyproject.toml's
 dependencies; a test checks they agree): importing this module outside them fails with one line.
 """
@@ -124,6 +127,14 @@ def trial_folder(trial) -> str:
         return str(again["folder"])
     name = f"{trial}_{trial.experiment_tag}"[:130] + f"_{dt.datetime.now():%Y-%m-%d_%H-%M-%S}"
     return re.sub(r'[/()<>:"\\|?*]', "_", name)
+
+
+def trial_folders(trial) -> tuple[Any, str, Any]:
+    """(storage file system, the trial's folder on it, Tune's local staging copy of it as a Path): where
+    Tune's logger callbacks read and write a trial's result log (Tune's developer API, `Trial.storage`)."""
+    from pathlib import Path
+
+    return trial.storage.storage_filesystem, trial.storage.trial_fs_path, Path(trial.local_path)
 
 
 class MetricResultsOptunaSearch(OptunaSearch):

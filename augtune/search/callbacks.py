@@ -41,14 +41,15 @@ class ContinueResultLog(Callback):
         if RESUME not in (trial.config or {}) or trial.trial_id in self._started:
             return
         self._started.add(trial.trial_id)
-        fs = trial.storage.storage_filesystem
+        from augtune.search.adapters import trial_folders
+
+        fs, stored, local = trial_folders(trial)
         try:
-            with fs.open_input_stream(f"{trial.storage.trial_fs_path}/{RESULT_FILE}") as f:
+            with fs.open_input_stream(f"{stored}/{RESULT_FILE}") as f:
                 data = f.read()
         except (OSError, FileNotFoundError):
             return
         data = data[: data.rfind(b"\n") + 1]  # a line cut short by the kill is left out
-        local = Path(trial.local_path)
         local.mkdir(parents=True, exist_ok=True)
         with open(local / RESULT_FILE, "ab") as f:  # appended: Tune may have opened it already, empty
             f.write(data)

@@ -78,14 +78,7 @@ def entrants(cfg: Config, modality: str) -> list[Entrant]:
     from augtune.methods import AUGMENTATIONS, modalities
 
     c = cfg.compare
-    if not c.scheduler:
-        raise ConfigError("compare.scheduler: name at least one (asha, none, pbt or pb2)")
-    if len(set(c.scheduler)) != len(c.scheduler):
-        raise ConfigError(f"compare.scheduler: lists one twice: {list(c.scheduler)}")
-    constant = [s for s in c.scheduler if not SCHEDULERS[s].population]
-    if len(constant) > 1:
-        raise ConfigError(f"compare.scheduler: {' and '.join(constant)} both search constants; one method "
-                          "entered twice would be two entrants of one label (name one of them)")
+    check_schedulers(c.scheduler)
     bases = c.bases or (cfg.method.base,)
     wanted = c.methods or ("base", *applicable(modality))
     for m in wanted:
@@ -96,6 +89,18 @@ def entrants(cfg: Config, modality: str) -> list[Entrant]:
                               f"data set gives {modality}s")
     return [Entrant(b, () if m == "base" else (m,), sched) for b in bases for m in wanted
             for sched in c.scheduler]
+
+
+def check_schedulers(schedulers: tuple) -> None:
+    """`compare.scheduler`: at least one, each once, at most one that searches constants."""
+    if not schedulers:
+        raise ConfigError("compare.scheduler: name at least one (asha, none, pbt or pb2)")
+    if len(set(schedulers)) != len(schedulers):
+        raise ConfigError(f"compare.scheduler: lists one twice: {list(schedulers)}")
+    constant = [s for s in schedulers if not SCHEDULERS[s].population]
+    if len(constant) > 1:
+        raise ConfigError(f"compare.scheduler: {' and '.join(constant)} both search constants; one method "
+                          "entered twice would be two entrants of one label (name one of them)")
 
 
 def entrant_config(cfg: Config, entrant: Entrant) -> Config:
@@ -149,9 +154,30 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
     set is the caller's to check (it has loaded it to learn its `modality`): every entrant's is the same,
     so it is not loaded again for each. `epochs`: each entrant's epochs under `compare.equal: compute`
     when an earlier plan measured them (a resume); measured here otherwise."""
-    from augtune.search.plan import plan_config
-    from augtune.search.plan import fit_size
+    cfg = checked_compare(cfg, data)
+    budget, began, costs = "", None, None
+    if data is not None and cfg.compare.time_budget is not None:
+        began = time.monotonic()
+        cfg, budget, costs = fit_time_budget(cfg, modality, address)
+    if cfg.compare.equal == "compute" and epochs is None and data is not None:
+        costs = costs or measure_costs(cfg, modality)
+        epochs = dict(zip((e.label for e in entrants(cfg, modality)), equal_compute(costs, cfg.train.epochs)))
+    experiment = f"{storage.rstrip('/')}/{name}"
+    plans = [entrant_plan(cfg, e, experiment, modality, data, epochs, address=address, dashboard=dashboard,
+                          figure_kinds=figure_kinds) for e in entrants(cfg, modality)]
+    rows = ""
+    if data is not None:
+        from augtune.data.datasets import describe_rows
 
+        rows = describe_rows(data) + (f"; selecting on {cfg.compare.metrics[0]}" if len(data.y_train) == 0
+                                      else "")
+    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began,
+                       epochs if cfg.compare.equal == "compute" else None, rows)
+
+
+def checked_compare(cfg: Config, data=None) -> Config:
+    """`cfg`'s compare section checked against itself and the data: a metric to search, seeds in range,
+    the label-free columns of data without labels, and what `vary` defaults to for the test split's size."""
     if len(cfg.compare.metrics) == 0:
         raise ConfigError("compare.metrics: name at least one metric (the first is the one searched)")
     if data is not None and len(data.y_train) == 0:
@@ -162,35 +188,25 @@ def plan_compare(cfg: Config, modality: str, *, storage: str, name: str, address
                           f"{SEED_MAX}, the largest seed: the repeat runs on seeds train.seed + 1, + 2, ...")
     if data is not None and cfg.compare.vary is None:
         cfg = replace(cfg, compare=replace(cfg.compare, vary=default_vary(len(data.y_test))))
-    budget, began, costs = "", None, None
-    if data is not None and cfg.compare.time_budget is not None:
-        began = time.monotonic()
-        cfg, budget, costs = fit_time_budget(cfg, modality, address)
-    if cfg.compare.equal == "compute" and epochs is None and data is not None:
-        costs = costs or measure_costs(cfg, modality)
-        epochs = dict(zip((e.label for e in entrants(cfg, modality)), equal_compute(costs, cfg.train.epochs)))
-    experiment = f"{storage.rstrip('/')}/{name}"
-    plans = []
-    for e in entrants(cfg, modality):
-        entrant = entrant_config(cfg, e)
-        if epochs and e.label in epochs:  # compare.equal: compute
-            entrant = replace(entrant, train=replace(entrant.train, epochs=int(epochs[e.label])))
-        if data is not None:  # each entrant's networks within memory, its knn_k below the samples
-            from augtune.checks import check_against_data
+    return cfg
 
-            check_against_data(entrant, data)
-        plans.append(plan_config(entrant, storage=experiment, name=e.label, address=address,
-                                 dashboard=dashboard, figure_kinds=figure_kinds, check_name_free=False,
-                                 check_data=False, modality=modality,
-                                 n_train=None if data is None else fit_size(data, cfg.dataset.val_fraction)))
-    rows = ""
-    if data is not None:
-        from augtune.data.datasets import describe_rows
 
-        rows = describe_rows(data) + (f"; selecting on {cfg.compare.metrics[0]}" if len(data.y_train) == 0
-                                      else "")
-    return ComparePlan(cfg, experiment, tuple(plans), tuple(p.name for p in plans), modality, budget, began,
-                       epochs if cfg.compare.equal == "compute" else None, rows)
+def entrant_plan(cfg: Config, e: Entrant, experiment: str, modality: str, data, epochs: Optional[dict],
+                 **where):
+    """One entrant's search, planned (`plan.plan_config`) in the compare's folder: its epochs under
+    `compare.equal: compute`, its networks and knn_k checked against the data."""
+    from augtune.search.plan import fit_size, plan_config
+
+    entrant = entrant_config(cfg, e)
+    if epochs and e.label in epochs:  # compare.equal: compute
+        entrant = replace(entrant, train=replace(entrant.train, epochs=int(epochs[e.label])))
+    if data is not None:  # each entrant's networks within memory, its knn_k below the samples
+        from augtune.checks import check_against_data
+
+        check_against_data(entrant, data)
+    n_train = None if data is None else fit_size(data, cfg.dataset.val_fraction)
+    return plan_config(entrant, storage=experiment, name=e.label, check_name_free=False, check_data=False,
+                       modality=modality, n_train=n_train, **where)
 
 
 def equal_compute(costs, epochs: int) -> list[int]:
@@ -401,7 +417,7 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
 @dataclass(frozen=True)
 class BestOfEach:
     """The repeat of a compare (`repeat.SearchThenRepeat`'s `choose`): every entrant's best search trial,
-    from the records on disk, once per shared seed. Plain data: Tune pickles it with the run's state."""
+    from the records on disk, once per shared seed. Plain data."""
 
     entrants: tuple  # (name, records folder, base, augment) of each
     metric: str
@@ -425,9 +441,9 @@ class RaceOfFinalists:
     a repeat run has ended, until it says it has finished): the candidates are every entrant's
     `finalists` best distinct search trials, from the records on disk (`top_of`: the same in a resumed
     driver); which runs come next and when the race stops is `augtune.analysis.race`'s to decide, from the
-    ended repeat runs alone (`replay`): so a restored run, given the runs Tune restored, continues the race
+    ended repeat runs alone (`replay`): so a resumed run, given the runs its records hold, continues the race
     where it stopped. Each run's config names its candidate (`CANDIDATE`) and round (`ROUND`), which its
-    record keeps. Plain data: Tune pickles it with the run's state."""
+    record keeps. Plain data."""
 
     entrants: tuple  # (name, records folder, base, augment) of each
     metric: str

@@ -62,11 +62,11 @@ def values_of(domain: Any) -> list | None:
 
 class Explore:
     """PBT's explore step over `domains` ({dotted key: Tune domain or grid entry}); Tune calls it with a
-    copy of the donor's config (`custom_explore_fn`). It is pickled with the Tuner as it was at the
-    start: a resumed search draws its later perturbations from the seed again (as Tune's PBT, whose
-    population state also starts afresh on a restore; the trials, their checkpoints and their records'
-    lineage are Tune's and augtune's saved state). `perturb` False (PB2): only round and clip the values
-    PB2 chose."""
+    copy of the donor's config (`custom_explore_fn`). A resumed search makes it anew: it draws its later
+    perturbations from the seed again (as Tune's PBT, whose population state also starts afresh on a
+    resume; the trials continue from their checkpoints, their records keep their lineage, and each keeps
+    its clock: `multiplex.EntrantsScheduler`). `perturb` False (PB2): only round and clip the values PB2
+    chose."""
 
     def __init__(self, domains: dict[str, Any], resample_probability: float, seed: int,
                  perturb: bool = True):

@@ -51,7 +51,7 @@ class Progress(Callback):
         self.printed = ""  # the last line written to a file: the same line is not written twice
         self.stepped: Optional[list] = None  # the trials as Tune's last step left them
         # the run's search algorithm when it repeats the best (`repeat.SearchThenRepeat`): how many repeat
-        # runs it chose; set by `launch` for every run, new or restored, and never pickled with Tune's state
+        # runs it chose; set by `tune_run.tuner` for every run, new or resumed; never pickled with Tune's
         self.phases = None
         self.repeating = False  # the repeat phase is under way: its trials are the ones counted
 
@@ -122,27 +122,22 @@ class Progress(Callback):
         counts = {"TERMINATED": 0, "RUNNING": 0, "PENDING": 0, "ERROR": 0, "PAUSED": 0}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
-        done, failed = counts["TERMINATED"], counts["ERROR"]
+        # the runs a resumed experiment's records hold ended: this Tune run does not hold them
+        before = (getattr(self.phases, "held", None) or {}).get("repeat" if self.repeating else "search", 0)
+        done, failed = counts["TERMINATED"] + before, counts["ERROR"]
         if self.repeating:
             chosen = getattr(self.phases, "runs", None)
-            title, total = REPEAT_TITLE, len(chosen) if chosen is not None else len(trials)
+            title, total = REPEAT_TITLE, len(chosen) if chosen is not None else len(trials) + before
         else:
-            title, total = self.title, self.total or len(trials)
-        pending = max(counts["PENDING"] + counts["PAUSED"], total - len(trials) + counts["PENDING"])
+            title, total = self.title, self.total or len(trials) + before
+        pending = max(counts["PENDING"] + counts["PAUSED"], total - len(trials) - before + counts["PENDING"])
         elapsed = self.clock() - self.start
-        parts = [
-            f"{title}: {done + failed}/{total} done",
-            f"{counts['RUNNING']} running",
-            f"{pending} pending",
-        ]
+        parts = [f"{title}: {done + failed}/{total} done", f"{counts['RUNNING']} running",
+                 f"{pending} pending"]
         if failed:
             parts.append(f"{failed} failed")
         if self.best is not None:
-            config = self.best[1]
-            params = ", ".join(f"{k}={format_value(v)}" for k, v in config.items() if k != ENTRANT)
-            if ENTRANT in config:  # a compare's search: whose trial it is
-                params = f"{config[ENTRANT]}: {params}" if params else str(config[ENTRANT])
-            parts.append(f"best {self.metric} {self.best[0]:.4f}" + (f" ({params})" if params else ""))
+            parts.append(self._best())
         parts.append(_duration(elapsed))
         finished = done + failed
         # at this session's rate: the trials a resumed search had finished took none of `elapsed`
@@ -154,6 +149,14 @@ class Progress(Callback):
             parts.append(f"budget {_duration(total_s)}: " +
                          (f"{_duration(left)} left" if left >= 0 else f"{_duration(-left)} over"))
         return "  ".join(parts)
+
+    def _best(self) -> str:
+        """The best value so far and its parameters (with its entrant in a compare's search)."""
+        value, config = self.best
+        params = ", ".join(f"{k}={format_value(v)}" for k, v in config.items() if k != ENTRANT)
+        if ENTRANT in config:  # a compare's search: whose trial it is
+            params = f"{config[ENTRANT]}: {params}" if params else str(config[ENTRANT])
+        return f"best {self.metric} {value:.4f}" + (f" ({params})" if params else "")
 
     def _show(self, trials, force: bool) -> None:
         now = self.clock()

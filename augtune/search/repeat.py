@@ -83,13 +83,15 @@ class SearchThenRepeat(SearchAlgorithm):
         self._repeat_ended: dict[str, Ended] = {}
         self._stale = False  # a repeat trial has ended since `choose` was last asked
         self._again: list = []  # the repeat runs a resume makes again (`resume.Held`)
+        self.held = {"search": 0, "repeat": 0}  # the runs of each phase a resume's records hold ended
         self._restart_errored = restart_errored
         if records is not None:
             self._resume(records)
 
     def _resume(self, records) -> None:
         """Start from what the records hold: the ended search trials (in their folders' order, as
-        `compare.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again."""
+        `compare.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again. `held`: how
+        many of each phase's runs had ended (the progress line counts them done)."""
         ended = sorted((h for held in records.search.values() for h in held if h.ended), key=lambda h: h.name)
         for h in ended:
             self._configs[h.name] = dict(h.config)
@@ -99,6 +101,7 @@ class SearchThenRepeat(SearchAlgorithm):
                 self._repeat_ended[h.name] = Ended(h.name, dict(h.config), dict(h.metrics))
             else:
                 self._again.append(h)
+        self.held = {"search": len(ended), "repeat": len(self._repeat_ended)}
 
     # -- where it stands -------------------------------------------------------------------------------
 
@@ -154,18 +157,19 @@ class SearchThenRepeat(SearchAlgorithm):
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         """`result`: the trial's last result, flattened by Tune (`config/<key>` entries)."""
         self._repeat_live.discard(trial_id)
-        if trial_id not in self._configs:  # a repeat trial, or one this algorithm never saw made
-            if trial_id in self._repeat_ids or any(k.startswith(f"config/{REPEAT}") for k in result or {}):
-                config = self._repeat_configs.get(trial_id) or _config_of(result or {})
-                self._repeat_ended[trial_id] = Ended(trial_id, config, dict(result or {}),
-                                                     "the trial errored" if error else None)
-                self._stale = True  # a repeat in rounds that has not finished decides again
-                return
-            self._configs[trial_id] = {k[len("config/"):]: v for k, v in (result or {}).items()
+        why = "the trial errored" if error else None
+        result = dict(result or {})
+        if trial_id in self._repeat_ids or (trial_id not in self._configs
+                                            and any(k.startswith(f"config/{REPEAT}") for k in result)):
+            config = self._repeat_configs.get(trial_id) or _config_of(result)
+            self._repeat_ended[trial_id] = Ended(trial_id, config, result, why)
+            self._stale = True  # a repeat in rounds that has not finished decides again
+            return
+        if trial_id not in self._configs:  # a search trial this algorithm never saw made
+            self._configs[trial_id] = {k[len("config/"):]: v for k, v in result.items()
                                        if k.startswith("config/") and k != f"config/{RESUME}"}
         self._search_live.discard(trial_id)
-        self._ended[trial_id] = Ended(trial_id, self._configs[trial_id], dict(result or {}),
-                                      "the trial errored" if error else None)
+        self._ended[trial_id] = Ended(trial_id, self._configs[trial_id], result, why)
         self.search.on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
@@ -283,7 +287,7 @@ def best_configs(ended: list, cfg) -> list[dict]:
 class RepeatBest:
     """The repeat runs of a search (`search.repeat_best`): its best configurations, once per seed."""
 
-    cfg: dict  # the search's config, as a dict: Tune pickles this with the run's state
+    cfg: dict  # the search's config, as a dict (plain data)
 
     def __call__(self, ended: list[Ended], repeats: list[Ended] = ()) -> tuple[list[dict], bool]:
         """(every repeat run, True): a fixed repeat is chosen once, from the search trials alone."""

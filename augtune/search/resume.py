@@ -90,19 +90,17 @@ def read_records(tune_run: str, searches: dict, repeats: Optional[str], compare:
 
 
 def records_in(folder: str) -> list[tuple[str, dict]]:
-    """(folder name, record) of every trial record directly under `folder`, by name; a record that cannot
-    be read (cut short) is taken as a run that did not end (it is made again, from its checkpoint)."""
+    """(folder name, record) of every trial record directly under `folder`, by name. A record that cannot
+    be read (records are written whole, so hardly ever) names no parameters to continue with: it is left
+    out, and its search makes its trial anew."""
     from augtune.search.storage import names, read_bytes
 
     out = []
     for name in names(folder):
-        data = read_bytes(folder, f"{name}/{RECORD_FILE}")
-        if data is None:
-            continue
         try:
-            record = json.loads(data)
+            record = json.loads(read_bytes(folder, f"{name}/{RECORD_FILE}") or b"null")
         except ValueError:
-            record = {"status": "running", "error": "its record was cut short"}
+            continue
         if isinstance(record, dict):
             out.append((name, record))
     return out
@@ -147,35 +145,50 @@ def held_repeat(tune_run: str, records: str, name: str, record: dict, compare: b
 # -- checkpoints ------------------------------------------------------------------------------------------
 
 def checkpoint_of(tune_run: str, records: str, name: str, lineage: Optional[list] = None) -> dict:
-    """Where a trial that did not end continues from: {"checkpoint": the newest complete checkpoint folder
-    (model and record, the record's epochs the most) or None, "epoch": its epoch, "index": the highest
-    checkpoint number Tune gave it (the next continue after it), "train": its Ray Train run (a DDP trial,
-    which resumes from Train's own storage) or None}. An in-process trial's checkpoints are in Tune's
-    folder of it; a DDP trial's in its Train run, in the folder of its record. A PBT trial that copied
-    another (its record's `lineage`) after its newest checkpoint continues from the checkpoint it copied,
-    while that is kept, so the copy stays in its run."""
+    """Where a trial that did not end continues from: {"checkpoint": its newest complete checkpoint folder
+    (`newest_checkpoint`) or None, "epoch": its epoch, "index": the highest checkpoint number Tune gave
+    it (the next continue after it), "train": its Ray Train run (a DDP trial, which resumes from Train's own
+    storage) or None}. An in-process trial's checkpoints are in Tune's folder of it; a DDP trial's in its
+    Train run, in the folder of its record. A PBT trial that copied another (its record's `lineage`) after
+    its newest checkpoint continues from the checkpoint it copied, while that is kept, so the copy stays in
+    its run."""
     from augtune.search.storage import names
 
     tune_folder = f"{tune_run.rstrip('/')}/{name}"
-    inside = names(tune_folder)
-    index = max((_index(n) for n in inside if n.startswith(CHECKPOINT_PREFIX)), default=-1)
-    complete = [(epoch, _index(n), f"{tune_folder}/{n}") for n in inside if n.startswith(CHECKPOINT_PREFIX)
-                for epoch in [checkpoint_epoch(f"{tune_folder}/{n}")] if epoch is not None]
-    # A trial uploads its checkpoint before Tune logs its result, and Tune's copy of the log can lag: the
-    # newest checkpoint whose epoch the log holds, so that every epoch is logged once (the ones after it
-    # are trained again); when the log holds none of them, the oldest, the smallest gap.
-    logged = logged_epoch(tune_folder)
-    oldest = min(complete, default=(0, -1, None))
-    epoch, _, path = max((c for c in complete if c[0] <= logged), default=oldest)
-    copied = (lineage or [None])[-1]
-    if isinstance(copied, dict) and copied.get("trial") == name and int(copied.get("epoch") or 0) > epoch:
-        donor = f"{tune_run.rstrip('/')}/{copied.get('from')}"
-        kept = [f"{donor}/{n}" for n in names(donor) if n.startswith(CHECKPOINT_PREFIX)]
-        path = next((c for c in sorted(kept, reverse=True) if checkpoint_epoch(c) == copied["epoch"]), path)
-        epoch = copied["epoch"] if path in kept else epoch
+    inside = [n for n in names(tune_folder) if n.startswith(CHECKPOINT_PREFIX)]
+    index = max((_index(n) for n in inside), default=-1)
+    epoch, path = newest_checkpoint(tune_folder, inside)
+    epoch, path = copied_checkpoint(tune_run, name, (lineage or [None])[-1], epoch) or (epoch, path)
     own = f"{records.rstrip('/')}/{name}"
     train = max((n for n in names(own) if n.startswith(TRAIN_PREFIX)), default=None)
     return {"checkpoint": path, "epoch": epoch, "index": index, "train": train}
+
+
+def copied_checkpoint(tune_run: str, name: str, copied: Any, after: int = 0) -> Optional[tuple[int, str]]:
+    """(epoch, path) of the checkpoint trial `name` copied last (`copied`: its lineage's last entry) when
+    that is newer than `after` and still kept in the donor's folder, else None."""
+    from augtune.search.storage import names
+
+    if not isinstance(copied, dict) or copied.get("trial") != name or int(copied.get("epoch") or 0) <= after:
+        return None
+    donor = f"{tune_run.rstrip('/')}/{copied.get('from')}"
+    kept = sorted((f"{donor}/{n}" for n in names(donor) if n.startswith(CHECKPOINT_PREFIX)), reverse=True)
+    source = next((c for c in kept if checkpoint_epoch(c) == copied["epoch"]), None)
+    return None if source is None else (copied["epoch"], source)
+
+
+def newest_checkpoint(folder: str, inside: list[str]) -> tuple[int, Optional[str]]:
+    """(epoch, path) of the checkpoint a trial continues from among the folders `inside` its Tune folder:
+    the newest complete one whose epoch Tune's result log holds. A trial uploads its checkpoint before Tune
+    logs its result, and Tune's copy of the log can lag: every epoch is then logged once (the ones after it
+    are trained again). When the log holds none of them, the oldest, the smallest gap; (0, None) when there
+    is none."""
+    complete = [(epoch, _index(n), f"{folder}/{n}") for n in inside
+                for epoch in [checkpoint_epoch(f"{folder}/{n}")] if epoch is not None]
+    logged = logged_epoch(folder)
+    oldest = min(complete, default=(0, -1, None))
+    epoch, _, path = max((c for c in complete if c[0] <= logged), default=oldest)
+    return epoch, path
 
 
 def logged_epoch(folder: str) -> int:

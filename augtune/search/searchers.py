@@ -49,28 +49,32 @@ def grid_params(space: Space, preset: str = "default") -> dict:
         raise ConfigError(f"search.algorithm: grid needs a grid preset {preset!r} in space "
                           f"{space.name!r} (presets: {have}); a define-by-run space has no grid of its own")
     default = space.points_to_evaluate[0] if space.points_to_evaluate else {}
-    out: dict[str, Any] = {}
-    for key, value in space.params.items():
-        if grid is not None and key in grid:
-            out[key] = tune.grid_search(list(grid[key]))
-        elif kind(key, value) == "constant":
-            out[key] = value
-        elif grid is not None:
-            if key not in default:
-                raise ConfigError(f"search.space.{key}: not in grid preset {preset!r} and no first point "
-                                  "to hold it at")
-            out[key] = default[key]
-        elif is_grid(value):
-            out[key] = value
-        elif isinstance(value, Categorical):
-            out[key] = tune.grid_search(list(value.categories))
-        else:
-            raise ConfigError(f"search.space.{key}: algorithm grid cannot enumerate {describe(value)}; "
-                              "use grid([...]) or choice([...]) here, or algorithm optuna or random")
+    out: dict[str, Any] = {key: _grid_entry(key, value, grid, default, preset)
+                           for key, value in space.params.items()}
     if grid is not None and space.define_by_run is not None:  # its keys live in the function
         out.update({k: v for k, v in default.items() if k not in out})
         out.update({k: tune.grid_search(list(v)) for k, v in grid.items()})
     return out
+
+
+def _grid_entry(key: str, value: Any, grid: Optional[dict], default: dict, preset: str) -> Any:
+    """What `grid_params` makes of one entry of a space: crossed (the preset's keys; an inline grid or
+    choice), kept (a constant), held at the first point (a preset's other keys), or refused."""
+    if grid is not None and key in grid:
+        return tune.grid_search(list(grid[key]))
+    if kind(key, value) == "constant":
+        return value
+    if grid is not None:
+        if key not in default:
+            raise ConfigError(f"search.space.{key}: not in grid preset {preset!r} and no first point "
+                              "to hold it at")
+        return default[key]
+    if is_grid(value):
+        return value
+    if isinstance(value, Categorical):
+        return tune.grid_search(list(value.categories))
+    raise ConfigError(f"search.space.{key}: algorithm grid cannot enumerate {describe(value)}; "
+                      "use grid([...]) or choice([...]) here, or algorithm optuna or random")
 
 
 def to_optuna_search_kwargs(space: Space) -> dict:

@@ -2,8 +2,10 @@
 
 Tune keeps `experiment_state-<time>.json` in the experiment folder: per trial a JSON document
 (id, status, config, relative folder) and a runtime state (last result, failures, error file, and
-`metric_analysis`: per metric its max, min, average and last reported value). This module reads
-only those files, the trials' `error.txt` and augtune's `record.json`. The value shown for the search
+`metric_analysis`: per metric its max, min, average and last reported value); a resume is a new Tune
+run of the experiment, with a state file of its own (`merged_states`). This module reads only those
+files, as JSON (their pickled fields are never loaded), the trials' `error.txt` and augtune's
+`record.json`. The value shown for the search
 metric is the one Tune selects on: the last one the trial reported (a trial that peaked early and
 fell back is shown where it ended, not at its peak). A trial the scheduler stopped early is TERMINATED
 to Tune; its record says `stopped`, and its row says so. An experiment kept in cloud storage

@@ -216,10 +216,10 @@ _JOURNALS_LOCK = threading.Lock()
 class UploadedJournal:
     """Optuna's journal backend (`optuna.storages.journal.BaseJournalBackend`: `read_logs`, `append_logs`)
     for a file kept at `uri`: a local journal file (Optuna's `JournalFileBackend`, with its lock) that is
-    uploaded to `uri` after every append, so that the copy in storage is never behind the searcher's
-    state that Tune saves beside it. Pickled (Tune saves the searcher), it is just the URI: unpickled on
-    another machine (`augtune resume s3://...`), it downloads the journal and continues the same study.
-    Every instance in one process shares one local file, so copies that Tune makes cannot diverge."""
+    uploaded to `uri` after every append, so that the copy in storage is never behind the trials' records
+    beside it. Made on another machine (`augtune resume s3://...`), it downloads the journal and continues
+    the same study. Every instance in one process shares one local file, so copies (Tune pickles the
+    searcher into its own state, which augtune never reads) cannot diverge."""
 
     def __init__(self, uri: str):
         from optuna.storages.journal import JournalFileBackend

@@ -76,7 +76,8 @@ def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
 
     repeats = plan.cfg.search.repeat_best.top > 0
     trainable = tune.with_parameters(
-        tune_trial, base=plan.base, experiment=plan.experiment, repeats=f"{plan.experiment}/{REPEAT_DIR}",
+        tune_trial, bases={None: plan.base}, experiments={None: plan.experiment},
+        repeats=f"{plan.experiment}/{REPEAT_DIR}",
         on_completed=None if repeats else on_completed, on_repeat_completed=on_completed,
         tune_run=plan.experiment,
     )
@@ -118,7 +119,8 @@ def entrant_search(plan: SearchPlan, conc: int, held: Optional[list] = None,
     algorithm, constants = searcher(plan.cfg, space, storage, done=[h.made for h in held])
     live = own.live_trials(plan.cfg, conc)
     optuna = algorithm if hasattr(algorithm, "adopt") else None
-    numbers = settled(storage, held, plan.cfg.search.metric) if optuna is not None and held else {}
+    # a new search has no study yet; a resumed one settles the trials its journal left running
+    numbers = settled(storage, held, plan.cfg.search.metric) if optuna is not None else {}
     again = [h.again(restart_errored) for h in held if not h.ended]
     continuing = Continuing(limited(algorithm, live), live, again, [h.made for h in held], len(held), optuna,
                             numbers)
@@ -214,7 +216,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     from ray import tune
 
     from augtune.records import COMPARE_FILE
-    from augtune.trainables.ray_trainable import tune_entrant_trial
+    from augtune.trainables.ray_trainable import tune_trial
 
     first = plan.plans[0]
     cfg = first.cfg
@@ -224,7 +226,7 @@ def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] 
     figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
     race = plan.cfg.compare.race
     trainable = tune.with_resources(
-        tune.with_parameters(tune_entrant_trial, bases={p.name: p.base for p in plan.plans},
+        tune.with_parameters(tune_trial, bases={p.name: p.base for p in plan.plans},
                              experiments=folders, repeats=repeats, on_repeat_completed=figures,
                              tune_run=path),
         trial_resources(cfg),

@@ -22,7 +22,7 @@ class Space:
     define_by_run: an Optuna define-by-run function `(trial) -> dict | None` for conditional
         parameters. It only calls `trial.suggest_*(dotted key, ...)` and may return a dict of
         constants; it never trains. When set, `params` holds constants only. Keep it a module-level
-        function: Tune pickles the searcher, function included, to resume a search.
+        function: Tune pickles the searcher, function included, into its own state.
     points_to_evaluate: flat {dotted key: value} dicts run before the searcher proposes anything,
         the papers' defaults first. With `params`, a point names every searched (non-constant) key,
         as Optuna requires; with `define_by_run` a point may be partial (the rest is sampled).

@@ -122,7 +122,7 @@ def run_loop(cfg: Config, *, rank: int, world_size: int, get_checkpoint: Callabl
                     record = saved
     done = finished_in_folder(folder, cfg) if trainer.epoch < cfg.train.epochs and not copied else None
     if done is not None:
-        # The trial ended and its folder says so, but Tune's saved state is from before that (its driver
+        # The trial ended and its folder says so, but Tune's checkpoint of it is from before that (its driver
         # died, or the store was away, between the two): Tune gets the run's last result again, and
         # nothing is trained or written.
         report(_tune_metrics(done["epochs"][-1]))
@@ -233,22 +233,27 @@ def _process_start_s() -> float:
     return 0.0 if _TRIALS_IN_PROCESS[0] > 1 else time.process_time()
 
 
-def tune_trial(params: dict, base: dict, experiment: str, on_completed: OnCompleted | None = None, *,
+def tune_trial(params: dict, bases: dict, experiments: dict, on_completed: OnCompleted | None = None, *,
                repeats: str | None = None, on_repeat_completed: OnCompleted | None = None,
-               tune_run: str | None = None, entrant: str | None = None) -> None:
-    """The Tune function trainable of every augtune trial (see the module docstring).
+               tune_run: str | None = None) -> None:
+    """The Tune function trainable of every augtune trial (see the module docstring): a search is a Tune
+    run of one entrant (None), a compare of one per method.
 
     `params`: the trial's sampled {dotted key: value}, or a repeat run's whole parameter set under
-    `REPEAT`; `base`: the search's resolved config as a dict; `experiment`: the folder or URI where the
-    search trials keep their records (each in a folder named as Tune names the trial), `repeats`: where
-    the repeat runs keep theirs (`experiment` when not given); `on_completed`, `on_repeat_completed`:
-    what runs in a completed search or repeat trial's folder (the CLI's end-of-run figures); `tune_run`:
-    the Tune run's own folder, where Tune keeps the trials' checkpoints (the record names it when it is
-    elsewhere, for `augtune plot`); `entrant`: a compare's entrant, whose label the record keeps (its
-    method's label by default). All are bound with `tune.with_parameters`.
+    `REPEAT`, with its entrant (`ENTRANT`, a compare's) and, for a trial a resume made again, where it
+    continues from (`RESUME`); `bases[entrant]`: its search's resolved config as a dict;
+    `experiments[entrant]`: the folder or URI where its search trials keep their records (each in a
+    folder named as Tune names the trial), `repeats`: where the repeat runs keep theirs (the entrant's
+    folder when not given); `on_completed`, `on_repeat_completed`: what runs in a completed search or
+    repeat trial's folder (the CLI's end-of-run figures); `tune_run`: the Tune run's own folder, where Tune
+    keeps the trials' checkpoints (the record names it when it is elsewhere, for `augtune plot`). A
+    compare's entrant is the label its records keep (a search's, its method's label). All are bound with
+    `tune.with_parameters`.
     """
+    entrant = params.get(ENTRANT)
+    base, experiment = bases[entrant], experiments[entrant]
     again = params.get(RESUME) or {}  # a trial a resume made again: where it continues from
-    params = {k: v for k, v in params.items() if k != RESUME}
+    params = {k: v for k, v in params.items() if k not in (RESUME, ENTRANT)}
     repeat = REPEAT in params
     # a race's repeat run: its candidate and round, kept in its record (the race is rebuilt from these)
     race = {name: params[key] for name, key in (("candidate", CANDIDATE), ("round", ROUND)) if key in params}
@@ -281,16 +286,6 @@ def repeat_params(params: dict, base: dict, racing: bool = False) -> dict:
     return out
 
 
-def tune_entrant_trial(params: dict, bases: dict, experiments: dict, **where) -> None:
-    """The Tune function trainable of a Tune run that several searches share (a compare's entrants):
-    `params[ENTRANT]` names the search, whose base config and records' folder are `bases[name]` and
-    `experiments[name]`; the rest (`where`: the repeat's folder, the hooks, Tune's folder) is
-    `tune_trial`'s."""
-    name = params[ENTRANT]
-    params = {k: v for k, v in params.items() if k != ENTRANT}
-    return tune_trial(params, base=bases[name], experiment=experiments[name], entrant=name, **where)
-
-
 def isolate_trial(cfg: Config) -> None:
     """Reset what one trial could leave behind for the next in a reused worker process: torch's thread
     count and default dtype, and every global random generator (the Trainer reseeds torch's own)."""
@@ -315,10 +310,10 @@ def isolate_trial(cfg: Config) -> None:
 class TrialFolder:
     """A trial's folder of the experiment, where its record and end-of-run figures go.
 
-    Local storage: that folder itself, written (atomically) by the trial. Tune's own files reach the
-    experiment from a staging folder by a periodic copy of the whole tree, which is not atomic and can lag:
-    a driver killed mid-copy once left a record one epoch behind the checkpoint Tune resumed from. A URI
-    (s3://, gs://): the files are written to a local folder and uploaded after every write (`publish`).
+    Local storage: that folder itself, written (atomically) by the trial: the truth a resume reads
+    (`augtune.search.resume`). Tune's own files reach the experiment from a staging folder by a periodic
+    copy of the whole tree, which is not atomic and can lag. A URI (s3://, gs://): the files are written
+    to a local folder and uploaded after every write (`publish`).
     """
 
     def __init__(self, experiment: str, name: str | None = None):
@@ -396,11 +391,21 @@ def _in_trial(cfg: Config, folder: TrialFolder, on_completed: OnCompleted | None
              Checkpoint=ray.tune.Checkpoint, folder=folder, on_completed=on_completed, about=about)
 
 
-def _fail_record(cfg: Config, folder: TrialFolder, error: str) -> None:
+def _driver_record(cfg: Config, folder: TrialFolder, about: dict | None, error: str | None = None) -> None:
+    """A DDP trial's record in its folder, written by its driver (its workers write theirs in their
+    checkpoints): at its start, what the search knows of it (a resume reads its parameters there, and
+    continues its Train run), unless the folder holds its record already; and failed, with the worker's
+    reason."""
     from augtune.trainables.run import start_record
 
+    if error is None and folder.published_record() is not None:
+        return
     record = start_record(cfg)
-    record.failed(error)
+    record.data.update(about or {})
+    if error is not None:
+        before = folder.published_record() or {}
+        record.data.update({k: before[k] for k in ("epochs", "variant") if before.get(k)})
+        record.failed(error)
     folder.write_record(record)
 
 
@@ -436,6 +441,7 @@ def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None,
     per_worker = {"CPU": r.cpus_per_worker}
     if r.use_gpu:
         per_worker["GPU"] = r.gpus_per_worker or 1.0
+    _driver_record(cfg, folder, about)
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"cfg": to_dict(cfg), "about": about or {}},
@@ -453,7 +459,7 @@ def _train_driver(cfg: Config, folder: TrialFolder, about: dict | None = None,
     try:
         result = trainer.fit()
     except Exception as e:  # the worker's error, with its reason, marks the trial errored
-        _fail_record(cfg, folder, f"{type(e).__name__}: {e}".splitlines()[0])
+        _driver_record(cfg, folder, about, f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     if result.checkpoint is not None:
         with result.checkpoint.as_directory() as d:
