@@ -22,6 +22,10 @@ GPU_TESTS = os.environ.get("AUGTUNE_TEST_GPU") == "1"
 if not GPU_TESTS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch's first look at CUDA; inherited by Ray's workers
 
+# Ray on loopback only, as a local search holds it (augtune.search.launch.hold_to_loopback): read when Ray is
+# imported, so set before any test imports it, and inherited by every process the suite starts
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import torch  # noqa: E402
 
 from augtune import scratch  # noqa: E402
@@ -82,3 +86,52 @@ def save_tune_trials(folder, trials: list, stamp: str = "2026-01-01_00-00-00") -
             t.create_placement_group_factory()  # what Tune's controller does when it takes a trial
     state = {"trial_data": [list(t.get_json_state()) for t in trials]}
     (Path(folder) / f"experiment_state-{stamp}.json").write_text(json.dumps(state))
+
+
+# The shared Ray's process: a head node as a local search's Ray is (every CPU, no dashboard, no metrics, on
+# loopback), its address on a line of its own, stopped on SIGTERM. In a process of its own: a cluster made in
+# this one would leave Ray's key-value client here, and Tune's in-process objects would then connect to it.
+_SHARED_RAY = """
+import os, signal, sys, time
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": os.cpu_count() or 1, "include_dashboard": False,
+    "_system_config": {"enable_metrics_collection": False}})
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+try:
+    print("address:", cluster.address, flush=True)
+    while True:
+        time.sleep(3600)
+finally:
+    cluster.shutdown()
+"""
+
+
+@pytest.fixture(scope="session")
+def shared_ray(tmp_path_factory) -> str:
+    """The address of one Ray for the session, for the CLI runs of tests that do not kill their driver
+    (`--address`): Ray's start and stop, ~5-10 s of every local search, paid once. A test that kills its
+    driver, or whose point is what a local search prints while its Ray starts, keeps a Ray of its own."""
+    import subprocess
+    import sys
+    import time
+
+    said = tmp_path_factory.mktemp("shared-ray") / "out.txt"
+    with said.open("w") as out:
+        ray = subprocess.Popen([sys.executable, "-c", _SHARED_RAY], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline, address = time.monotonic() + 300, []
+        while not address:
+            if ray.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the shared Ray did not start: {said.read_text()[-2000:]}")
+            time.sleep(0.1)
+            address = [line.split()[1] for line in said.read_text().splitlines()
+                       if line.startswith("address: ")]
+        yield address[0]
+    finally:
+        ray.terminate()
+        try:
+            ray.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            ray.kill()
+            ray.wait()

@@ -111,16 +111,39 @@ def trial_dirs(exp: Path) -> list[Path]:
     return sorted(p for p in exp.iterdir() if p.is_dir() and p.name.startswith("tune_trial"))
 
 
+def installed(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # in sys.modules as None: as if not installed
+        return False
+
+
+@pytest.fixture(scope="module")
+def logged_search(tmp_path_factory) -> Path:
+    """The one search of the logger tests, each reading its own logger's files of it: a grid of two bases,
+    then a repeat of each one's best, logged to TensorBoard and, where installed, to W&B (offline, its
+    files under the experiment) and MLflow (a local store)."""
+    tmp = tmp_path_factory.mktemp("loggers")
+    loggers = ["tensorboard", *(name for name in ("wandb", "mlflow") if installed(name))]
+    config = write(tmp, {"space": {"method.base": "grid([simclr, byol])"}, "algorithm": "grid",
+                         "num_samples": 1, "max_concurrent": 2, "loggers": loggers,
+                         "repeat_best": {"top": 1, "per": "method.base", "seeds": [3]}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    return search(tmp, config, env)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-def test_tensorboard_event_files_hold_what_each_trial_reported(tmp_path):
-    config = write(tmp_path, {"space": {"train.lr": "grid([0.001, 0.01])"}, "algorithm": "grid",
-                              "num_samples": 1, "max_concurrent": 2})
-    exp = search(tmp_path, config, dict(os.environ))
-    dirs = trial_dirs(exp)
-    assert len(dirs) == 2
+def test_tensorboard_event_files_hold_what_each_trial_reported(logged_search):
+    exp = logged_search
+    dirs = trial_dirs(exp)  # Tune's folders of its trials: the search's two, then the repeat's two runs
+    assert len(dirs) == 4 and len([d for d in dirs if (d / "record.json").is_file()]) == 2
     for d in dirs:
-        record = json.loads((d / "record.json").read_text())
+        where = d if (d / "record.json").is_file() else exp / REPEAT_DIR / d.name  # a repeat run's record
+        record = json.loads((where / "record.json").read_text())
         scalars = read_scalars(d)
         # Tune's TBXLoggerCallback: `ray/tune/<metric>` at step = training_iteration (the epoch here), each
         # metric where it was reported (the search metric where it is read: here the last epoch)
@@ -151,18 +174,12 @@ def wandb_runs(exp: Path) -> list[dict]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(tmp_path):
+def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(logged_search):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install 'augtune[wandb]')")
     pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'augtune[mlflow]')")
     from mlflow.tracking import MlflowClient
 
-    config = write(tmp_path, {"space": {"method.base": "grid([simclr, byol])"}, "algorithm": "grid",
-                              "num_samples": 1, "max_concurrent": 2,
-                              "loggers": ["tensorboard", "wandb", "mlflow"],
-                              "repeat_best": {"top": 1, "per": "method.base", "seeds": [3]}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    exp = search(tmp_path, config, env)
+    exp = logged_search  # logged to TensorBoard, W&B (offline) and MLflow
     # Tune's trials, search and repeat (one Tune run), by their ids: a grid trial's is Tune's `a1b2c_00001`,
     # a repeat run's the 8-digit hexadecimal id Tune gives the trials a search algorithm makes
     expected = set()

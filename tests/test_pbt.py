@@ -346,7 +346,8 @@ def write_pbt_search(path, epochs: int) -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replayable_schedule(tmp_path):
+def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replayable_schedule(tmp_path,
+                                                                                               shared_ray):
     """4 trials of 8 epochs, perturbed every 2 (the bottom half copies the top half): every trial
     completes all its epochs with the values in force listed per epoch; a copy's lineage names trials of
     the search, and its record's schedule gives exactly its epochs' values; status shows the exploits."""
@@ -356,8 +357,8 @@ def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replay
 
     write_pbt_search(tmp_path / "c.yaml", epochs=8)
     cli = [sys.executable, "-m", "augtune.cli"]
-    run = subprocess.run([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([*cli, "search", "c.yaml", "--storage", "res", "--name", "exp", "--address",
+                          shared_ray], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     exp = tmp_path / "res" / "exp"
     records = {p.parent.name: json.loads(p.read_text()) for p in exp.glob("*/record.json")}
@@ -490,7 +491,8 @@ def test_a_resumed_trial_keeps_its_pbt_clock(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the_best_schedule(tmp_path):
+def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the_best_schedule(tmp_path,
+                                                                                                 shared_ray):
     """`compare.scheduler: [asha, pbt]`: PiNDA searched by TPE+ASHA and by a PBT population under the same
     trials and epochs; the repeat replays the best PBT trial's schedule from scratch (its values epoch by
     epoch, on each new seed), the verdict says whether the schedule beats the constant, and the report
@@ -512,7 +514,8 @@ def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the
         "compare": {"methods": ["pinda"], "scheduler": ["asha", "pbt"], "trials": 4, "seeds": 2},
     }))
     run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", "c.yaml", "--storage", "res",
-                          "--name", "exp"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                          "--name", "exp", "--address", shared_ray], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     exp = tmp_path / "res" / "exp"
     population = [json.loads(p.read_text()) for p in (exp / "simclr+pinda@pbt").glob("*/record.json")]
@@ -540,7 +543,7 @@ def test_a_compare_enters_a_method_for_a_constant_and_a_schedule_and_replays_the
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_race_runs_a_pbt_entrants_best_schedules_beside_the_constants_finalists(tmp_path):
+def test_a_race_runs_a_pbt_entrants_best_schedules_beside_the_constants_finalists(tmp_path, shared_ray):
     """`compare.race` with `compare.scheduler: [asha, pbt]`: the PBT entrant's finalists are its best
     trials' schedules, each replayed from scratch on every seed the race gives it (its epochs' values
     are the schedule's), beside the constant's finalists; the verdict reads the race and says whether
@@ -563,7 +566,8 @@ def test_a_race_runs_a_pbt_entrants_best_schedules_beside_the_constants_finalist
                     "race": {"enabled": True, "min_seeds": 2, "max_seeds": 3, "finalists": 2}},
     }))
     run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", "c.yaml", "--storage", "res",
-                          "--name", "exp"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                          "--name", "exp", "--address", shared_ray], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     exp = tmp_path / "res" / "exp"
     race = json.loads((exp / "race.json").read_text())

@@ -418,7 +418,7 @@ def test_the_analysis_withdraws_a_candidate_whose_run_failed_as_the_driver_did()
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_path):
+def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_path, shared_ray):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
         "dataset": {"name": "digits", "as_vectors": True, "max_train": 256, "max_test": 128},
@@ -430,8 +430,8 @@ def test_a_real_compare_races_its_finalists_and_the_verdict_reads_the_race(tmp_p
                     "race": {"enabled": True, "min_seeds": 2, "max_seeds": 3, "finalists": 1}},
     }))
     run = subprocess.run([sys.executable, "-m", "augtune.cli", "compare", str(config), "--storage",
-                          str(tmp_path / "res"), "--name", "cmp"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)
+                          str(tmp_path / "res"), "--name", "cmp", "--address", shared_ray], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     exp = tmp_path / "res" / "cmp"
     repeats = [json.loads(p.read_text()) for p in (exp / "repeat").glob("*/record.json")]

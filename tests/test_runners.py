@@ -31,7 +31,7 @@ RUN_ONLY = {"started", "finished", "host", "nodes", "git_revision", "process",  
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_in_process_run_and_ray_trial_leave_the_same_record(tmp_path):
+def test_in_process_run_and_ray_trial_leave_the_same_record(tmp_path, shared_ray):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     cli = [sys.executable, "-m", "augtune.cli"]
@@ -39,7 +39,8 @@ def test_in_process_run_and_ray_trial_leave_the_same_record(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert train.returncode == 0, train.stderr[-2000:]
     search = subprocess.run(
-        [*cli, "search", str(config), "--storage", str(tmp_path / "res"), "--name", "exp"],
+        [*cli, "search", str(config), "--storage", str(tmp_path / "res"), "--name", "exp", "--address",
+         shared_ray],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -84,11 +84,12 @@ def trial_dirs(exp: Path) -> list[Path]:
     return sorted(p for p in exp.iterdir() if p.is_dir() and p.name.startswith("tune_trial"))
 
 
-def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
+def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path, shared_ray):
     # a temperature below float32's range makes 1/tau infinite: the loss is NaN at the first step
     config = write_config(tmp_path, search={"space": {"train.temperature": "grid([0.1, 1.0e-45])"},
                                             "algorithm": "grid", "num_samples": 1, "max_failures": 0})
-    res = augtune("search", str(config), "--storage", str(tmp_path / "s"), "--name", "exp")
+    res = augtune("search", str(config), "--storage", str(tmp_path / "s"), "--name", "exp", "--address",
+                  shared_ray)
     assert res.returncode == 0, res.stderr[-3000:]
     exp = tmp_path / "s" / "exp"
     records = {json.loads((d / "record.json").read_text())["config"]["train"]["temperature"]: json.loads(
@@ -104,7 +105,7 @@ def test_nan_trial_is_errored_with_its_reason_and_the_others_finish(tmp_path):
     finished = next(d for d in trial_dirs(exp) if json.loads((d / "record.json").read_text())["status"]
                     == "completed")
     before = (finished / "result.json").read_text()
-    res = augtune("resume", str(exp), "--restart-errored")
+    res = augtune("resume", str(exp), "--restart-errored", "--address", shared_ray)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (finished / "result.json").read_text() == before
     status = augtune("status", str(exp))
@@ -180,11 +181,37 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
         assert sorted(set(seen)) == list(range(1, epochs + 1)) and seen[0] == 1, seen
 
 
-def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
+    """A local cluster of two one-CPU nodes, a head and a worker, shared by the tests that lose the worker
+    mid-search: each removes it and adds a replacement (as an autoscaler would), the next one's worker."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    worker = cluster.add_node(num_cpus=1)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def worker_of(cluster):
+    """The cluster's one worker node (made again if a test before left none, or more than one)."""
+    while len(cluster.worker_nodes) > 1:
+        cluster.remove_node(next(iter(cluster.worker_nodes)))
+    if not cluster.worker_nodes:
+        cluster.add_node(num_cpus=1)
+    return next(iter(cluster.worker_nodes))
+
+
+def stop(driver) -> None:
+    """A driver of the shared cluster that a failed test left running goes, before the next test."""
+    if driver is not None and driver.poll() is None:
+        driver.kill()
+        driver.wait()
+
+
+def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path, cluster):
+    worker, driver = worker_of(cluster), None
     try:
         cluster.wait_for_nodes()
         # 0.07-0.5 s each, and the second node's trial starts seconds after the first: enough of them that
@@ -253,17 +280,14 @@ def test_two_node_cluster_spreads_trials_and_survives_losing_a_node(tmp_path):
         ]
         assert retried  # the trial on the removed node was retried elsewhere
     finally:
-        cluster.shutdown()
+        stop(driver)
 
 
-def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search(tmp_path):
+def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search(tmp_path, cluster):
     """Two entrants' search trials on two nodes; the worker node removed while both train, a replacement
     added (as an autoscaler would): the lost trial is retried from its checkpoint on another node, the
     compare finishes with every search trial and repeat run complete, and its verdict is whole."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    worker = cluster.add_node(num_cpus=1)
+    worker, driver = worker_of(cluster), None
     try:
         cluster.wait_for_nodes()
         epochs = 200  # as above, with room for a second trial process that starts late: both mid-way
@@ -313,7 +337,7 @@ def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search
 
         assert not augtune.load(exp).verdict().unfinished
     finally:
-        cluster.shutdown()
+        stop(driver)
 
 
 @pytest.mark.parametrize("moment", ["first repeat run starts", "a repeat run is part-way"])

@@ -89,7 +89,9 @@ def test_search_with_a_relative_path_a_quiet_console_and_its_study_on_disk(tmp_p
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resume_finishes_before_repeating(tmp_path):
-    config = _config(tmp_path, train={"epochs": 150, "checkpoint_every": 10},
+    # enough epochs that the first trial still trains when Ctrl-C comes (a tenth of a second after its
+    # first report); the resumed search trains all four and the repeat, one at a time
+    config = _config(tmp_path, train={"epochs": 40, "checkpoint_every": 10},
                      search={"num_samples": 4, "scheduler": "none", "max_concurrent": 1})
     proc = subprocess.Popen([*CLI, "search", str(config), "--storage", "res", "--name", "exp"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -147,13 +149,14 @@ def test_ctrl_c_in_a_grid_search_is_an_interruption_not_a_finish(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_search_whose_every_trial_fails_exits_1_with_the_first_reason(tmp_path):
+def test_a_search_whose_every_trial_fails_exits_1_with_the_first_reason(tmp_path, shared_ray):
     # a temperature below float32's range makes 1/tau infinite: every trial's loss is NaN at its first
     # step (a batch larger than the data, which failed every trial before, is refused when planned now)
     config = _config(tmp_path, train={"temperature": 1.0e-45},
                      search={"num_samples": 2, "max_failures": 0,
                              "space": {"train.lr": "loguniform(1e-4, 1e-2)"}})
-    run = _run(["search", str(config), "--storage", "res", "--name", "exp"], tmp_path)
+    run = _run(["search", str(config), "--storage", "res", "--name", "exp", "--address", shared_ray],
+               tmp_path)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     err = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and "every trial" in err[0] and "loss became" in err[0], err

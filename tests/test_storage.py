@@ -255,9 +255,9 @@ def test_patiently_does_not_retry_what_is_not_the_store_being_away():
 
 @pytest.mark.slow  # waits out a real retry (the fast tier: docs/contributing.md)
 def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path, monkeypatch, capsys):
-    """moto's server stopped, an upload of a trial's folder started, the server back on the same port 20 s
-    later (pyarrow's own retries give up on a refused connection after about 6 s): the upload lands,
-    after saying that it waits."""
+    """moto's server stopped, an upload of a trial's folder started, the server back on the same port once
+    the upload has said that it waits (pyarrow's own retries give up on a refused connection after about
+    6 s; augtune's then pause and try again): the upload lands, after saying that it waits."""
     import threading
 
     from moto.server import ThreadedMotoServer
@@ -276,16 +276,27 @@ def test_a_trials_upload_waits_out_the_store_being_away_and_then_lands(tmp_path,
     folder = ray_trainable.TrialFolder(f"s3://{name}/exp", name="tune_trial_1")
     (folder.local / "record.json").write_text('{"status": "running"}')
     monkeypatch.setattr(ray_trainable, "STORE_PATIENCE_S", 60.0)
+    waiting = threading.Event()  # the upload said that it waits: the store comes back then, not at a guess
+    patiently = ray_trainable.patiently
+
+    def saying(fn, what, patience_s=None, **kw):
+        def log(line: str) -> None:
+            print(line)
+            waiting.set()
+        return patiently(fn, what, patience_s, **{**kw, "log": log})
+
+    monkeypatch.setattr(ray_trainable, "patiently", saying)
     server.stop()
     again = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # moto's buckets live in
-    back = threading.Timer(20.0, again.start)  # this process: the same ones come back
-    try:
+    back = threading.Thread(target=lambda: (waiting.wait(60), again.start()))  # this process: the same
+    try:  # ones come back
         back.start()
         folder.publish()
         said = capsys.readouterr().out
         assert "augtune: uploading s3://" in said and "the store is unreachable" in said, said
         assert storage.read_text(f"s3://{name}/exp/tune_trial_1", "record.json") == '{"status": "running"}'
     finally:
+        waiting.set()
         back.join()
         again.stop()
 
