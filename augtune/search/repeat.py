@@ -36,11 +36,6 @@ from augtune.records import REPEAT
 from augtune.search.resume import RESUME
 
 
-def is_repeat(config: Optional[dict]) -> bool:
-    """Whether a trial (its config) is a repeat run."""
-    return isinstance(config, dict) and REPEAT in config
-
-
 class Chooser(Protocol):
     """What the repeat runs: `(ended search trials, ended repeat trials) -> (the runs due, finished)`."""
 
