@@ -43,7 +43,7 @@ TINY_CNN = {"backbone": "cnn", "width": 4, "proj_hidden_dim": 16, "proj_dim": 8,
 
 # in this process's scratch: gone when the session is, even one killed before it could unconfigure
 _CACHE = str(scratch.scratch_dir("test-cache-"))
-_CONFIG = str(scratch.scratch_dir("test-config-"))  # the state-signing key of this session
+_CONFIG = str(scratch.scratch_dir("test-config-"))  # no test reads or writes the user's config home
 
 
 def pytest_configure(config):
