@@ -311,3 +311,25 @@ def test_a_ddp_trials_driver_keeps_a_record_a_resume_can_continue(tmp_path):
     failed = json.loads((tmp_path / "tune_trial_x" / "record.json").read_text())
     assert (failed["status"], failed["error"], failed["params"]) == ("failed", "RuntimeError: a worker died",
                                                                    {"train.lr": 0.1})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_resumed_studys_sampler_draws_anew_not_what_it_drew_before(tmp_path, seed):
+    """The sampler is made again on a resume: seeded as before it would draw its first draws again, and a
+    search would run trials it had run (the S3 resume test saw one). Seeded on by the trials the study
+    holds, its draws are new, and the same on every resume of the same journal."""
+    from augtune.config import from_dict
+    from augtune.search.searchers import searcher
+    from augtune.spaces import resolve_space
+
+    cfg = from_dict({"search": {"space": {"train.lr": "loguniform(1e-4, 1e-1)"}, "algorithm": "optuna",
+                                "metric": "knn_acc", "seed": seed}})
+    space = resolve_space(cfg.search)
+    journal = tmp_path / "optuna.journal"
+    first, _ = searcher(cfg, space, _storage(journal))
+    before = [first.suggest(f"t{i}")["train.lr"] for i in range(3)]
+    for i in range(3):
+        first.on_trial_complete(f"t{i}", {"knn_acc": 0.5})
+    again = [searcher(cfg, space, _storage(journal), asked=3)[0].suggest(f"u{i}")["train.lr"]
+             for i in range(2)]
+    assert again[0] not in before and again[1] not in before

@@ -167,10 +167,13 @@ def check_algorithm(search_cfg: Any, space: Space) -> None:
             )
 
 
-def searcher(cfg: Config, space: Space, storage: Any = None, done: Optional[list[dict]] = None):
+def searcher(cfg: Config, space: Space, storage: Any = None, done: Optional[list[dict]] = None,
+             asked: int = 0):
     """(search algorithm, param_space) for `search.algorithm`; `storage`: Optuna's study storage; `done`:
-    the configs of the trials a resumed search holds (its study's first points are not asked again). The
-    algorithm is a Searcher (Optuna) or a variant generator; `limited` makes it what Tune runs."""
+    the configs of the trials a resumed search holds (its study's first points are not asked again);
+    `asked`: the trials its study holds already, which seed its sampler on from `search.seed` (a sampler
+    seeded as before would draw the draws it drew before again). The algorithm is a Searcher (Optuna) or a
+    variant generator; `limited` makes it what Tune runs."""
     s = cfg.search
     if s.algorithm == "grid":
         return VariantGenerator(), grid_params(space)
@@ -179,8 +182,9 @@ def searcher(cfg: Config, space: Space, storage: Any = None, done: Optional[list
                                 random_state=s.seed), dict(space.params)
     import optuna
 
-    sampler = (optuna.samplers.TPESampler(seed=s.seed) if s.algorithm == "optuna"
-               else optuna.samplers.RandomSampler(seed=s.seed))
+    seed = s.seed + asked
+    sampler = (optuna.samplers.TPESampler(seed=seed) if s.algorithm == "optuna"
+               else optuna.samplers.RandomSampler(seed=seed))
     extra = {} if storage is None else {"storage": storage, "study_name": "augtune"}
     kwargs = to_optuna_search_kwargs(space)
     held = [dict(c) for c in done or ()]

@@ -116,20 +116,20 @@ def entrant_search(plan: SearchPlan, conc: int, held: Optional[list] = None,
     space = resolve_space(plan.cfg.search, plan.modality)
     held = list(held or ())
     storage = optuna_storage(plan)
-    algorithm, constants = searcher(plan.cfg, space, storage, done=[h.made for h in held])
+    # a new search has no study yet; a resumed one settles the trials its journal left running
+    numbers, asked = settled(storage, held, plan.cfg.search.metric) if storage is not None else ({}, 0)
+    algorithm, constants = searcher(plan.cfg, space, storage, done=[h.made for h in held], asked=asked)
     live = own.live_trials(plan.cfg, conc)
     optuna = algorithm if hasattr(algorithm, "adopt") else None
-    # a new search has no study yet; a resumed one settles the trials its journal left running
-    numbers = settled(storage, held, plan.cfg.search.metric) if optuna is not None else {}
     again = [h.again(restart_errored) for h in held if not h.ended]
     continuing = Continuing(limited(algorithm, live), live, again, [h.made for h in held], len(held), optuna,
                             numbers)
     return continuing, constants, own.build(plan.cfg, space)
 
 
-def settled(storage, held: list, metric: str) -> dict[str, int]:
-    """Optuna's study in `storage`, its trials left running settled (`resume.settle_study`): the trials made
-    again -> the study's trial of each. {} when there is no study yet."""
+def settled(storage, held: list, metric: str) -> tuple[dict[str, int], int]:
+    """Optuna's study in `storage`, its trials left running settled (`resume.settle_study`): (the trials
+    made again -> the study's trial of each, the trials the study holds). ({}, 0) with no study yet."""
     import optuna
 
     from augtune.search.experiment import STUDY_NAME
@@ -137,9 +137,9 @@ def settled(storage, held: list, metric: str) -> dict[str, int]:
 
     try:
         study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    except KeyError:  # no study: the driver stopped before the search asked for a trial
-        return {}
-    return settle_study(study, held, metric)
+    except KeyError:  # no study: a new search, or its driver stopped before it asked for a trial
+        return {}, 0
+    return settle_study(study, held, metric), len(study.trials)
 
 
 def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, param_space: dict,
