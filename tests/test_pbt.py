@@ -449,7 +449,8 @@ def test_a_stopped_pbt_search_resumes_every_trial_from_its_checkpoint(tmp_path, 
     after = records()
     assert len(after) == 4 and set(after) >= set(before)
     for name, r in after.items():
-        assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == list(range(1, 11))
+        assert r["status"] == "completed", (name, r.get("error"), resumed.stdout[-2000:])
+        assert [e["epoch"] for e in r["epochs"]] == list(range(1, 11)), name
         assert all("knobs" in e for e in r["epochs"])
         if len(before.get(name, {}).get("epochs", [])) >= 3:  # epoch 2 checkpointed: continued, not redone
             assert len(r["nodes"]) >= 2, name

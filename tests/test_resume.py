@@ -267,25 +267,34 @@ def test_list_valued_choices_of_a_registered_space_survive_the_journal(tmp_path)
 
 
 def test_a_pbt_trial_that_copied_another_after_its_last_checkpoint_continues_from_the_copy(tmp_path):
-    """Its record's lineage says it copied trial d at epoch 4; its own newest checkpoint is from epoch 2:
-    it continues from d's checkpoint of epoch 4 (still kept), so the copy stays in its run. Gone, from its
-    own."""
+    """Its record's lineage says it copied trial d at epoch 4; its own checkpoints are from before the copy
+    (epoch 2, and epoch 6: PBT may copy a donor that is behind): it continues from d's checkpoint of epoch 4
+    (still kept), so the copy stays in its run. Gone, from its own newest. One of its own made after the
+    copy (its record's lineage) is the one, whatever d keeps."""
+    import shutil
+
+    copy = [{"epoch": 4, "trial": "t", "from": "d"}]
     exp = tmp_path / "exp"
-    _record(exp / "t", "running", 5, lineage=[{"epoch": 4, "trial": "t", "from": "d"}])
+    _record(exp / "t", "running", 5, lineage=copy)
     _checkpoint(exp / "t", 0, 2)
-    _log(exp / "t", 5)
+    _checkpoint(exp / "t", 1, 6)
+    _log(exp / "t", 6)
     _record(exp / "d", "running", 6)
     _checkpoint(exp / "d", 1, 4)
     _checkpoint(exp / "d", 2, 6)
-    held = {h.name: h for h in read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]}
-    assert held["t"].resume["checkpoint"] == str(exp / "d" / "checkpoint_000001")
-    assert held["t"].resume["epoch"] == 4 and held["t"].resume["index"] == 0  # its own numbering goes on
-    import shutil
 
+    def held() -> Held:
+        return next(h for h in read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]
+                    if h.name == "t")
+
+    assert held().resume["checkpoint"] == str(exp / "d" / "checkpoint_000001")
+    assert held().resume["epoch"] == 4 and held().resume["index"] == 1  # its own numbering goes on
     shutil.rmtree(exp / "d" / "checkpoint_000001")
-    (held,) = [h for h in read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]
-               if h.name == "t"]
-    assert held.resume["checkpoint"] == str(exp / "t" / "checkpoint_000000") and held.resume["epoch"] == 2
+    assert held().resume["checkpoint"] == str(exp / "t" / "checkpoint_000001") and held().resume["epoch"] == 6
+    _checkpoint(exp / "t", 2, 5)
+    record = json.loads((exp / "t" / "checkpoint_000002" / "record.json").read_text())
+    (exp / "t" / "checkpoint_000002" / "record.json").write_text(json.dumps({**record, "lineage": copy}))
+    assert held().resume["checkpoint"] == str(exp / "t" / "checkpoint_000002") and held().resume["epoch"] == 5
 
 
 def test_a_ddp_trials_driver_keeps_a_record_a_resume_can_continue(tmp_path):

@@ -145,46 +145,55 @@ def held_repeat(tune_run: str, records: str, name: str, record: dict, compare: b
 # -- checkpoints ------------------------------------------------------------------------------------------
 
 def checkpoint_of(tune_run: str, records: str, name: str, lineage: Optional[list] = None) -> dict:
-    """Where a trial that did not end continues from: {"checkpoint": its newest complete checkpoint folder
-    (`newest_checkpoint`) or None, "epoch": its epoch, "index": the highest checkpoint number Tune gave
-    it (the next continue after it), "train": its Ray Train run (a DDP trial, which resumes from Train's own
-    storage) or None}. An in-process trial's checkpoints are in Tune's folder of it; a DDP trial's in its
-    Train run, in the folder of its record. A PBT trial that copied another (its record's `lineage`) after
-    its newest checkpoint continues from the checkpoint it copied, while that is kept, so the copy stays in
-    its run."""
+    """Where a trial that did not end continues from: {"checkpoint": the checkpoint folder it continues
+    from, or None, "epoch": its epoch, "index": the highest checkpoint number Tune gave it (the next
+    continue after it), "train": its Ray Train run (a DDP trial, which resumes from Train's own storage)
+    or None}. An in-process trial's checkpoints are in Tune's folder of it; a DDP trial's in its Train run,
+    in the folder of its record.
+
+    The checkpoint is its newest complete one of the run its record tells (`newest_checkpoint`). A PBT
+    trial that copied another (`lineage`, its record's) after its last checkpoint has none of that run: it
+    continues from the checkpoint it copied, while the donor's folder keeps it, else from its own newest
+    (the copy is then undone, and PBT may make another)."""
     from augtune.search.storage import names
 
     tune_folder = f"{tune_run.rstrip('/')}/{name}"
     inside = [n for n in names(tune_folder) if n.startswith(CHECKPOINT_PREFIX)]
     index = max((_index(n) for n in inside), default=-1)
-    epoch, path = newest_checkpoint(tune_folder, inside)
-    epoch, path = copied_checkpoint(tune_run, name, (lineage or [None])[-1], epoch) or (epoch, path)
+    lineage = list(lineage or [])
+    epoch, path = newest_checkpoint(tune_folder, inside, lineage)
+    if path is None and lineage:
+        epoch, path = copied_checkpoint(tune_run, name, lineage[-1]) or newest_checkpoint(tune_folder, inside)
     own = f"{records.rstrip('/')}/{name}"
     train = max((n for n in names(own) if n.startswith(TRAIN_PREFIX)), default=None)
     return {"checkpoint": path, "epoch": epoch, "index": index, "train": train}
 
 
-def copied_checkpoint(tune_run: str, name: str, copied: Any, after: int = 0) -> Optional[tuple[int, str]]:
-    """(epoch, path) of the checkpoint trial `name` copied last (`copied`: its lineage's last entry) when
-    that is newer than `after` and still kept in the donor's folder, else None."""
+def copied_checkpoint(tune_run: str, name: str, copied: Any) -> Optional[tuple[int, str]]:
+    """(epoch, path) of the checkpoint trial `name` copied last (`copied`: its lineage's last entry) while
+    the donor's folder still keeps it, else None."""
     from augtune.search.storage import names
 
-    if not isinstance(copied, dict) or copied.get("trial") != name or int(copied.get("epoch") or 0) <= after:
+    if not isinstance(copied, dict) or copied.get("trial") != name:
         return None
     donor = f"{tune_run.rstrip('/')}/{copied.get('from')}"
     kept = sorted((f"{donor}/{n}" for n in names(donor) if n.startswith(CHECKPOINT_PREFIX)), reverse=True)
-    source = next((c for c in kept if checkpoint_epoch(c) == copied["epoch"]), None)
-    return None if source is None else (copied["epoch"], source)
+    source = next((c for c in kept if checkpoint_epoch(c) == copied.get("epoch")), None)
+    return None if source is None else (int(copied["epoch"]), source)
 
 
-def newest_checkpoint(folder: str, inside: list[str]) -> tuple[int, Optional[str]]:
+def newest_checkpoint(folder: str, inside: list[str], lineage: Optional[list] = None) \
+        -> tuple[int, Optional[str]]:
     """(epoch, path) of the checkpoint a trial continues from among the folders `inside` its Tune folder:
-    the newest complete one whose epoch Tune's result log holds. A trial uploads its checkpoint before Tune
-    logs its result, and Tune's copy of the log can lag: every epoch is then logged once (the ones after it
-    are trained again). When the log holds none of them, the oldest, the smallest gap; (0, None) when there
-    is none."""
-    complete = [(epoch, _index(n), f"{folder}/{n}") for n in inside
-                for epoch in [checkpoint_epoch(f"{folder}/{n}")] if epoch is not None]
+    the newest complete one (of the run whose copies were `lineage`, when given) whose epoch Tune's result
+    log holds. A trial uploads its checkpoint before Tune logs its result, and Tune's copy of the log can
+    lag: every epoch is then logged once (the ones after it are trained again). When the log holds none of
+    them, the oldest, the smallest gap; (0, None) when there is none."""
+    complete = []
+    for n in inside:
+        record = checkpoint_record(f"{folder}/{n}")
+        if record is not None and (lineage is None or list(record.get("lineage") or []) == lineage):
+            complete.append((len(record["epochs"]), _index(n), f"{folder}/{n}"))
     logged = logged_epoch(folder)
     oldest = min(complete, default=(0, -1, None))
     epoch, _, path = max((c for c in complete if c[0] <= logged), default=oldest)
@@ -214,18 +223,25 @@ def _index(name: str) -> int:
         return -1
 
 
-def checkpoint_epoch(folder: str) -> Optional[int]:
-    """The epochs a checkpoint folder holds (its record's), or None unless it is complete: model and record
-    both there and the record whole (a kill can cut an upload or a delete short)."""
+def checkpoint_record(folder: str) -> Optional[dict]:
+    """The record a checkpoint folder holds, or None unless it is complete: model and record both there and
+    the record whole (a kill can cut an upload or a delete short)."""
     from augtune.search.storage import exists, read_bytes
 
     data = read_bytes(folder, RECORD_FILE)
     if not data or not exists(folder, CHECKPOINT_FILE):
         return None
     try:
-        return len(json.loads(data)["epochs"])
-    except (ValueError, KeyError, TypeError):
+        record = json.loads(data)
+    except ValueError:
         return None
+    return record if isinstance(record, dict) and isinstance(record.get("epochs"), list) else None
+
+
+def checkpoint_epoch(folder: str) -> Optional[int]:
+    """The epochs a checkpoint folder holds (its record's), or None unless it is complete."""
+    record = checkpoint_record(folder)
+    return None if record is None else len(record["epochs"])
 
 
 # -- Optuna's study ------------------------------------------------------------------------------------------
