@@ -25,7 +25,8 @@ CONFIG = {
 }
 
 RUN_ONLY = {"started", "finished", "host", "nodes", "git_revision", "process",  # where and when, not what
-            "params", "phase",  # what the search knew of the trial: its sampled parameters, search or repeat
+            "params", "variant", "phase",  # what the search knew of the trial: its sampled parameters (now
+            # and as made), search or repeat
             "trial"}  # its Tune folder's name (whose run a checkpoint PBT copies holds)
 
 

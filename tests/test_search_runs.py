@@ -109,10 +109,11 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes_before_repeating(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in exp.glob("*/record.json")]
     assert len(records) == 4 and all(r["status"] == "completed" for r in records)
-    best = max(records, key=lambda r: r["final"]["knn_acc"])
+    best = max(r["final"]["knn_acc"] for r in records)  # k-NN on a small split ties often: any of the best
+    tied = {r["params"]["train.lr"] for r in records if r["final"]["knn_acc"] == best}
     repeats = [json.loads(p.read_text()) for p in (exp / "repeat_best").glob("*/record.json")]
     assert len(repeats) == 2
-    assert all(r["params"]["train.lr"] == best["params"]["train.lr"] for r in repeats)
+    assert len({r["params"]["train.lr"] for r in repeats}) == 1 and repeats[0]["params"]["train.lr"] in tied
     # the resumed search continued the same Optuna study on disk: four trials told, none twice
     import optuna
     from optuna.storages import JournalStorage
