@@ -9,7 +9,7 @@ starts a new Tune run of the same experiment through Tune's public API (`tune_ru
 - a trial whose record says it ended (`completed`, `stopped` by the scheduler) is what it is: its
   search's searcher counts it, the repeat chooses from it, and nothing runs it again;
 - every other trial (running when the driver stopped, `interrupted`, `failed`) is made again with its
-  parameters, first, as a trial of the same folder (`_resume`, `RESUME`: `tune_run.trial_folder` names
+  parameters, first, as a trial of the same folder (`_resume`, `RESUME`: `adapters.trial_folder` names
   Tune's folder of it after it, so its record, its result log and its checkpoints carry on there), from
   its newest complete checkpoint (`--restart-errored`: a failed one from scratch);
 - a searcher makes only the trials its search still lacks (`searchers.Continuing`): a variant generator
