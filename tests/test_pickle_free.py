@@ -113,7 +113,7 @@ def test_no_command_unpickles_anything_planted_in_a_search_folder(tmp_path, monk
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_real_search_resumes_past_planted_pickles(tmp_path):
+def test_a_real_search_resumes_past_planted_pickles(tmp_path, shared_ray, capsys):
     """A real search, one of its trials unfinished as a killed driver leaves it, with a malicious pickle at
     every state-file name: `augtune resume` finishes it from the records and runs none of them."""
     import subprocess
@@ -128,8 +128,8 @@ def test_a_real_search_resumes_past_planted_pickles(tmp_path):
         "search": {"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid", "num_samples": 1},
     }))
     cli = [sys.executable, "-m", "augtune.cli"]
-    run = subprocess.run([*cli, "search", "s.yaml", "--storage", "res", "--name", "exp"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([*cli, "search", "s.yaml", "--storage", "res", "--name", "exp", "--address",
+                          shared_ray], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     exp = tmp_path / "res" / "exp"
     trial = sorted(p for p in exp.iterdir() if p.is_dir() and (p / "record.json").exists())[0]
@@ -139,12 +139,13 @@ def test_a_real_search_resumes_past_planted_pickles(tmp_path):
     (exp / "augtune_finished.json").unlink()
     pwned = tmp_path / "PWNED"
     plant(exp, pwned)
-    resumed = subprocess.run([*cli, "resume", str(exp)], cwd=root, capture_output=True, text=True,
-                             timeout=600)
+    resumed = subprocess.run([*cli, "resume", str(exp), "--address", shared_ray], cwd=root,
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert not pwned.exists()
     after = json.loads((trial / "record.json").read_text())
     assert after["status"] == "completed" and [e["epoch"] for e in after["epochs"]] == [1, 2]
-    for command in (["status", str(exp)], ["export", str(exp), "--out", str(tmp_path / "t.csv")]):
-        assert subprocess.run([*cli, *command], cwd=root, capture_output=True, timeout=300).returncode == 0
+    assert main(["status", str(exp)]) == 0
+    assert main(["export", str(exp), "--out", str(tmp_path / "t.csv")]) == 0
+    capsys.readouterr()
     assert not pwned.exists()
