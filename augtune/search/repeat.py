@@ -34,6 +34,7 @@ from ray.tune.search import SearchAlgorithm
 
 from augtune.records import REPEAT
 from augtune.search.resume import RESUME
+from augtune.search.searchers import Wrapping
 
 
 class Chooser(Protocol):
@@ -52,7 +53,7 @@ class Ended:
     error: Optional[str] = None  # why it failed; None when it ended well (completed, or stopped early)
 
 
-class SearchThenRepeat(SearchAlgorithm):
+class SearchThenRepeat(Wrapping):
     """`search` (a Tune search algorithm that `searchers.Continuing` or `multiplex.EntrantsSearch`
     makes), then the repeat runs `choose` returns (each a trial config: `{REPEAT: params}`; see the module
     docstring), at most `max_concurrent` repeat trials at a time (0: no limit). `records`: what a resume
@@ -112,16 +113,10 @@ class SearchThenRepeat(SearchAlgorithm):
     # -- what Tune asks ----------------------------------------------------------------------------------
 
     @property
-    def metric(self):
-        return getattr(self.search, "metric", None)
-
-    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
-        return self.search.set_search_properties(metric, mode, config, **spec)
-
-    @property
-    def total_samples(self) -> int:
-        """The search's trials (what Tune's start-up reports); the repeat's are known once chosen."""
-        return self.search.total_samples
+    def inner(self) -> SearchAlgorithm:
+        """The search's algorithm (`searchers.Wrapping`): its metric, and its trials as Tune's start-up
+        reports them; the repeat's are known once chosen."""
+        return self.search
 
     def add_configurations(self, experiments) -> None:
         from augtune.search.adapters import experiment_of
@@ -169,9 +164,6 @@ class SearchThenRepeat(SearchAlgorithm):
 
     def is_finished(self) -> bool:
         return self.runs is not None and self._chosen_all and all(i in self._made for i in self._indices())
-
-    def set_finished(self) -> None:
-        self.search.set_finished()
 
     # -- the repeat's trials ------------------------------------------------------------------------------
 

@@ -221,7 +221,28 @@ class VariantGenerator(BasicVariantGenerator):
         return trial
 
 
-class Continuing(SearchAlgorithm):
+class Wrapping(SearchAlgorithm):
+    """A search algorithm around another (`inner`): what Tune asks of its metric, its search properties,
+    its trials in all and its end, the inner one answers."""
+
+    inner: Any
+
+    @property
+    def metric(self):
+        return getattr(self.inner, "metric", None)
+
+    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    @property
+    def total_samples(self) -> int:
+        return self.inner.total_samples
+
+    def set_finished(self) -> None:
+        self.inner.set_finished()
+
+
+class Continuing(Wrapping):
     """A search's algorithm (`limited`), continued by a resume (`augtune.search.resume`): first the
     trials its records hold unfinished, made again (`again`: their configs, `RESUME` included), then only
     the trials the search still lacks: a variant generator's variants a record holds (`held`: the configs
@@ -241,17 +262,6 @@ class Continuing(SearchAlgorithm):
         self._live: set[str] = set()
         self._mine: set[str] = set()  # the trials made again
         self._inner_done = False
-
-    @property
-    def metric(self):
-        return getattr(self.inner, "metric", None)
-
-    def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict, **spec) -> bool:
-        return self.inner.set_search_properties(metric, mode, config, **spec)
-
-    @property
-    def total_samples(self) -> int:
-        return self.inner.total_samples
 
     def add_configurations(self, experiments) -> None:
         self._experiment = experiment_of(experiments)
@@ -303,7 +313,4 @@ class Continuing(SearchAlgorithm):
 
     def is_finished(self) -> bool:
         return not self._again and (self._inner_done or self.inner.is_finished())
-
-    def set_finished(self) -> None:
-        self.inner.set_finished()
 
