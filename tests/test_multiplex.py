@@ -116,7 +116,7 @@ def test_a_resumed_compare_makes_only_what_each_entrant_lacks_and_tells_each_stu
 
     def held(trial: Trial, status: str, value=None) -> Held:
         config = {k: v for k, v in trial.config.items()}
-        return Held(trial.trial_id, config, status, {"knn": value} if value is not None else {}, None,
+        return Held(trial.trial_id, config, status, {"knn": value} if value is not None else {},
                     {"folder": trial.trial_id, "checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 1}, config)
 
     resumed = _search({"a": 2, "b": 2}, storages=storages,

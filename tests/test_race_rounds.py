@@ -286,8 +286,8 @@ def _held(trial: Trial) -> Held:
     config = {k: v for k, v in trial.config.items() if k != RESUME}
     if trial.status == Trial.TERMINATED:
         metrics = {k: v for k, v in trial.last_result.items() if k in ("knn_acc", "val_knn_acc", "epoch")}
-        return Held(trial.trial_id, config, "completed", metrics, None, {"folder": trial.trial_id}, config)
-    return Held(trial.trial_id, config, "running", {}, None,
+        return Held(trial.trial_id, config, "completed", metrics, {"folder": trial.trial_id}, config)
+    return Held(trial.trial_id, config, "running", {},
                 {"folder": trial.trial_id, "checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 3}, config)
 
 

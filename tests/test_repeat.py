@@ -49,7 +49,7 @@ def held(trial: Trial, status: str) -> Held:
     metrics = {"knn_acc": VALUE.get(trial.config.get("train.lr"), 0.0), "epoch": 3} if status == "completed" \
         else {}
     again = {} if status == "completed" else {"checkpoint": f"/ckpt/{trial.trial_id}", "epoch": 2, "index": 1}
-    return Held(trial.trial_id, dict(trial.config), status, metrics, None,
+    return Held(trial.trial_id, dict(trial.config), status, metrics,
                 {"folder": trial.trial_id, **again}, dict(trial.config))
 
 

@@ -129,7 +129,7 @@ GRID = {"x": tune.grid_search([1, 2, 3, 4, 5])}
 
 
 def _held(config: dict, status: str, name: str) -> Held:
-    return Held(name, dict(config), status, {"knn": 0.5} if status == "completed" else {}, None,
+    return Held(name, dict(config), status, {"knn": 0.5} if status == "completed" else {},
                 {"folder": name, "checkpoint": None, "epoch": 0, "index": -1}, dict(config))
 
 
@@ -208,9 +208,9 @@ def test_optunas_running_trials_are_told_adopted_or_failed_as_the_records_say(tm
     first = limited(_optuna(journal), 3)
     first.add_configurations([_experiment({}, 4)])
     a, b, c = _drain(first)
-    held = [Held("ta", {"x": a.config["x"]}, "completed", {"knn": 0.7, "epoch": 3}, None, {"folder": "ta"},
+    held = [Held("ta", {"x": a.config["x"]}, "completed", {"knn": 0.7, "epoch": 3}, {"folder": "ta"},
                  {"x": a.config["x"]}),
-            Held("tb", {"x": b.config["x"]}, "running", {}, None,
+            Held("tb", {"x": b.config["x"]}, "running", {},
                  {"folder": "tb", "checkpoint": "/ckpt", "epoch": 1, "index": 0}, {"x": b.config["x"]})]
     study = optuna.load_study(study_name="augtune", storage=_storage(journal))
     numbers = settle_study(study, held, "knn")

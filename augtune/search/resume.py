@@ -45,7 +45,6 @@ class Held:
     config: dict  # its Tune config, as its searcher or the repeat's chooser made it
     status: str  # the record's: completed, stopped, failed, interrupted, running
     metrics: dict = field(default_factory=dict)  # its last result as Tune had it (the last epoch's values)
-    error: Optional[str] = None
     resume: dict = field(default_factory=dict)  # what `RESUME` carries when it is made again
     made: dict = field(default_factory=dict)  # the config its searcher made it with (a PBT trial's `config`
     # holds its values now, which PBT perturbed since)
@@ -116,8 +115,7 @@ def last_result(record: dict) -> dict:
 def _held(tune_run: str, records: str, name: str, record: dict, config: dict, made: dict) -> Held:
     status = str(record.get("status") or "running")
     resume = {} if status in ENDED else checkpoint_of(tune_run, records, name, record.get("lineage"))
-    return Held(name, config, status, last_result(record), record.get("error"), {"folder": name, **resume},
-                made)
+    return Held(name, config, status, last_result(record), {"folder": name, **resume}, made)
 
 
 def held_trial(tune_run: str, records: str, name: str, record: dict, entrant: Optional[str]) -> Held:
