@@ -48,9 +48,10 @@ def _checkpoint(trial: Path, index: int, epochs: int, model: bool = True) -> Non
         (trial / f"checkpoint_{index:06d}" / "checkpoint.pt").write_bytes(b"weights")
 
 
-def _log(trial: Path, epochs: int, torn: bool = False) -> None:
+def _log(trial: Path, epochs: int, torn: str = "") -> None:
+    """Tune's result log of `epochs` epochs, then `torn`: a last line a kill cut short (no newline)."""
     text = "".join(json.dumps({"epoch": e}) + "\n" for e in range(1, epochs + 1))
-    (trial / "result.json").write_text(text + ('{"epoch": ' if torn else ""))
+    (trial / "result.json").write_text(text + torn)
 
 
 # -- what the records hold -------------------------------------------------------------------------------
@@ -83,19 +84,22 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
     assert held["t3"].again(True)[RESUME]["checkpoint"] == held["t3"].resume["checkpoint"]
 
 
+@pytest.mark.parametrize("torn", ['{"epoch": ', '{"epoch": 99}'])
 @pytest.mark.parametrize("logged, chosen", [(5, 2), (4, 1), (6, 2), (0, 0)])
 def test_the_checkpoint_continued_from_is_the_newest_complete_one_the_result_log_holds(tmp_path, logged,
-                                                                                        chosen):
+                                                                                        chosen, torn):
     """A trial uploads its checkpoint before Tune logs the epoch's result: continuing from one the log
     lacks would leave that epoch out of it for good, so the newest whose epoch the log holds; with none, the
-    oldest (the smallest gap). A checkpoint without its model (a kill cut its upload short) is never one."""
+    oldest (the smallest gap). A checkpoint without its model (a kill cut its upload short) is never one.
+    A last line without its newline is not held, even one that reads as JSON (a kill between Tune's writes
+    of the two): the resume leaves it out of the log it carries over."""
     exp = tmp_path / "exp"
     _record(exp / "t", "running", 5)
     _checkpoint(exp / "t", 0, 3)
     _checkpoint(exp / "t", 1, 4)
     _checkpoint(exp / "t", 2, 5)
     _checkpoint(exp / "t", 3, 6, model=False)
-    _log(exp / "t", logged, torn=True)
+    _log(exp / "t", logged, torn=torn)
     (held,) = read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]
     assert held.resume["checkpoint"] == str(exp / "t" / f"checkpoint_{chosen:06d}")
     assert held.resume["index"] == 3  # numbering goes on after every checkpoint there, whole or not

@@ -36,7 +36,7 @@ class ContinueResultLog(Callback):
         self._started: set[str] = set()
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
-        from augtune.search.resume import RESUME
+        from augtune.search.resume import RESUME, whole_lines
 
         if RESUME not in (trial.config or {}) or trial.trial_id in self._started:
             return
@@ -49,7 +49,7 @@ class ContinueResultLog(Callback):
                 data = f.read()
         except (OSError, FileNotFoundError):
             return
-        data = data[: data.rfind(b"\n") + 1]  # a line cut short by the kill is left out
+        data = whole_lines(data)  # a line cut short by the kill is left out
         local.mkdir(parents=True, exist_ok=True)
         with open(local / RESULT_FILE, "ab") as f:  # appended: Tune may have opened it already, empty
             f.write(data)

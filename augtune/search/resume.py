@@ -198,13 +198,20 @@ def newest_checkpoint(folder: str, inside: list[str], lineage: Optional[list] = 
     return epoch, path
 
 
+def whole_lines(log: bytes) -> bytes:
+    """Tune's result log (one JSON object per line) up to its last newline. Tune writes a result and then its
+    newline: a kill can land between the two, and a line without its newline is left out even when it reads
+    as JSON. What a resume continues from and what it carries over (`callbacks.ContinueResultLog`) agree."""
+    return log[: log.rfind(b"\n") + 1]
+
+
 def logged_epoch(folder: str) -> int:
-    """The last epoch in Tune's result log of a trial (`result.json`: one JSON object per line; a line cut
-    short is skipped); 0 when there is none."""
+    """The last epoch in Tune's result log of a trial (`result.json`), of its whole lines (`whole_lines`);
+    0 when there is none."""
     from augtune.search.storage import read_bytes
 
     epochs = [0]
-    for line in (read_bytes(folder, RESULT_FILE) or b"").splitlines():
+    for line in whole_lines(read_bytes(folder, RESULT_FILE) or b"").splitlines():
         try:
             epoch = json.loads(line).get("epoch")
         except (ValueError, AttributeError):
