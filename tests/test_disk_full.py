@@ -119,4 +119,5 @@ def test_search_on_a_full_disk_says_so_in_one_line_and_can_be_resumed(tmp_path):
         )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         records = [json.loads(p.read_text()) for p in (disk / "exp").glob("*/record.json")]
-        assert len(records) == 4 and all(r["status"] == "completed" for r in records)
+        assert len(records) == 4 and all(r["status"] == "completed" for r in records), [
+            (r["trial"], r["status"], r.get("error"), len(r["epochs"]), len(r["nodes"])) for r in records]
