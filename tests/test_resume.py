@@ -4,12 +4,14 @@ Folders are written by hand in the layout a run leaves; Tune and Optuna objects 
 The killed-driver runs are in test_search_faults.py, test_pbt.py and test_race_rounds.py."""
 from __future__ import annotations
 
+import io
 import json
 import tempfile
 from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 from ray import tune
 from ray.tune.experiment import Experiment
@@ -42,10 +44,15 @@ def _record(folder: Path, status: str, epochs: int, **extra) -> None:
     (folder / "record.json").write_text(json.dumps(data))
 
 
-def _checkpoint(trial: Path, index: int, epochs: int, model: bool = True) -> None:
+def _checkpoint(trial: Path, index: int, epochs: int, model: str = "whole") -> None:
+    """A checkpoint folder of `epochs` epochs; its model `whole` (a zip archive, as torch.save writes it),
+    `torn` (cut short before its end) or `missing`."""
     _record(trial / f"checkpoint_{index:06d}", "running", epochs)
-    if model:
-        (trial / f"checkpoint_{index:06d}" / "checkpoint.pt").write_bytes(b"weights")
+    data = io.BytesIO()
+    torch.save({"epoch": epochs}, data)
+    cut = {"whole": data.getvalue(), "torn": data.getvalue()[:-7], "missing": None}[model]
+    if cut is not None:
+        (trial / f"checkpoint_{index:06d}" / "checkpoint.pt").write_bytes(cut)
 
 
 def _log(trial: Path, epochs: int, torn: str = "") -> None:
@@ -85,24 +92,26 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
 
 
 @pytest.mark.parametrize("torn", ['{"epoch": ', '{"epoch": 99}'])
-@pytest.mark.parametrize("logged, chosen", [(5, 2), (4, 1), (6, 2), (0, 0)])
+@pytest.mark.parametrize("logged, chosen", [(5, 2), (4, 1), (6, 2), (7, 2), (0, 0)])
 def test_the_checkpoint_continued_from_is_the_newest_complete_one_the_result_log_holds(tmp_path, logged,
                                                                                         chosen, torn):
     """A trial uploads its checkpoint before Tune logs the epoch's result: continuing from one the log
     lacks would leave that epoch out of it for good, so the newest whose epoch the log holds; with none, the
-    oldest (the smallest gap). A checkpoint without its model (a kill cut its upload short) is never one.
-    A last line without its newline is not held, even one that reads as JSON (a kill between Tune's writes
-    of the two): the resume leaves it out of the log it carries over."""
+    oldest (the smallest gap). A checkpoint without its model, or with a model cut short (a kill or a full
+    disk cut its upload short), is never one. A last line without its newline is not held, even one that
+    reads as JSON (a kill between Tune's writes of the two): the resume leaves it out of the log it carries
+    over."""
     exp = tmp_path / "exp"
     _record(exp / "t", "running", 5)
     _checkpoint(exp / "t", 0, 3)
     _checkpoint(exp / "t", 1, 4)
     _checkpoint(exp / "t", 2, 5)
-    _checkpoint(exp / "t", 3, 6, model=False)
+    _checkpoint(exp / "t", 3, 6, model="missing")
+    _checkpoint(exp / "t", 4, 7, model="torn")
     _log(exp / "t", logged, torn=torn)
     (held,) = read_records(str(exp), {None: str(exp)}, None, compare=False).search[None]
     assert held.resume["checkpoint"] == str(exp / "t" / f"checkpoint_{chosen:06d}")
-    assert held.resume["index"] == 3  # numbering goes on after every checkpoint there, whole or not
+    assert held.resume["index"] == 4  # numbering goes on after every checkpoint there, whole or not
 
 
 def test_a_compares_trials_and_repeat_runs_get_the_configs_their_searcher_and_chooser_made(tmp_path):

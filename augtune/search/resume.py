@@ -228,13 +228,19 @@ def _index(name: str) -> int:
         return -1
 
 
+# the signature of a zip archive's end record, the last 22 bytes of one without a comment: torch.save's
+ZIP_END = b"PK\x05\x06"
+
+
 def checkpoint_record(folder: str) -> Optional[dict]:
     """The record a checkpoint folder holds, or None unless it is complete: model and record both there and
-    the record whole (a kill can cut an upload or a delete short)."""
-    from augtune.search.storage import exists, read_bytes
+    both whole. A kill or a full disk can cut an upload or a delete short, after the record was copied and
+    before the model was: a model cut short lacks the end record that `torch.save`'s zip archive ends
+    with, and would fail to load in the trial continued from it."""
+    from augtune.search.storage import read_bytes, read_tail
 
     data = read_bytes(folder, RECORD_FILE)
-    if not data or not exists(folder, CHECKPOINT_FILE):
+    if not data or (read_tail(folder, CHECKPOINT_FILE, 22) or b"")[:4] != ZIP_END:
         return None
     try:
         record = json.loads(data)

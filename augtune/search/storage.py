@@ -112,6 +112,20 @@ def read_bytes(location: str, name: str) -> Optional[bytes]:
         return f.read()
 
 
+def read_tail(location: str, name: str, size: int) -> Optional[bytes]:
+    """The last `size` bytes of file `name` in the folder at `location` (all of a shorter one), or None when
+    there is none: what a large file ends with, without reading it whole."""
+    import pyarrow.fs
+
+    fs, path = filesystem(location)
+    info = _info(fs, f"{path}/{name}")
+    if info.type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_file(f"{path}/{name}") as f:
+        f.seek(max(0, info.size - size))
+        return f.read()
+
+
 def write_bytes(location: str, name: str, data: bytes) -> str:
     """Replace file `name` (a relative path) in the folder at `location` with `data`, whole: through a
     temporary file and a rename in a local folder, never through a link (`records.write_atomic`; an
