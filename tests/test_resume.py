@@ -355,3 +355,33 @@ def test_a_resumed_studys_sampler_draws_anew_not_what_it_drew_before(tmp_path, s
     again = [searcher(cfg, space, _storage(journal), asked=3)[0].suggest(f"u{i}")["train.lr"]
              for i in range(2)]
     assert again[0] not in before and again[1] not in before
+
+
+@pytest.mark.parametrize("logged", [0, 2, 4, 5])
+def test_a_trial_made_again_logs_every_epoch_up_to_its_checkpoint_once(tmp_path, logged):
+    """Tune keeps the newest checkpoints only and its copy of a trial's result log can lag them: a trial
+    continued from a checkpoint past its log's last whole line gets the epochs between from the checkpoint's
+    record (the numbers it reported then), so that its log holds each epoch once; a log ahead of the
+    checkpoint is carried as it is."""
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+
+    from augtune.search.callbacks import ContinueResultLog
+
+    stored, local = tmp_path / "exp" / "t", tmp_path / "staging" / "t"
+    _checkpoint(stored, 3, 4)
+    if logged:
+        _log(stored, logged, torn='{"epoch": 9')
+    resume = {"folder": "t", "checkpoint": str(stored / "checkpoint_000003"), "epoch": 4, "index": 3}
+    trial = SimpleNamespace(config={"train.lr": 0.1, RESUME: resume}, trial_id="new", local_path=str(local),
+                            storage=SimpleNamespace(storage_filesystem=pyarrow.fs.LocalFileSystem(),
+                                                    trial_fs_path=str(stored)))
+    callback = ContinueResultLog()
+    callback.on_trial_start(0, [trial], trial)
+    callback.on_trial_start(0, [trial], trial)  # a trial Tune starts again (paused, say): carried once
+    lines = [json.loads(line) for line in (local / "result.json").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == list(range(1, max(logged, 4) + 1))
+    filled = [line for line in lines if line.get("from_record")]
+    assert [line["epoch"] for line in filled] == list(range(logged + 1, 5))
+    assert all(line["trial_id"] == "new" and line["knn_acc"] == line["epoch"] / 10 for line in filled)

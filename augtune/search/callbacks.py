@@ -30,13 +30,14 @@ class StepStatuses(Callback):
 class ContinueResultLog(Callback):
     """A trial a resume made again (`augtune.search.resume`) writes into its folder of the run before, whose
     result log (`result.json`) Tune would replace with this run's results: at its first start, the log so
-    far (its whole lines) goes into Tune's local copy of the folder first, and Tune appends to it."""
+    far (its whole lines), then the results of the epochs up to its checkpoint that the log lacks
+    (`resume.unlogged_results`), go into Tune's local copy of the folder first, and Tune appends to it."""
 
     def __init__(self):
         self._started: set[str] = set()
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
-        from augtune.search.resume import RESUME, whole_lines
+        from augtune.search.resume import RESUME, unlogged_results, whole_lines
 
         if RESUME not in (trial.config or {}) or trial.trial_id in self._started:
             return
@@ -46,10 +47,12 @@ class ContinueResultLog(Callback):
         fs, stored, local = trial_folders(trial)
         try:
             with fs.open_input_stream(f"{stored}/{RESULT_FILE}") as f:
-                data = f.read()
+                data = whole_lines(f.read())  # a line cut short by the kill is left out
         except (OSError, FileNotFoundError):
+            data = b""
+        data += unlogged_results(data, trial.config[RESUME], trial.trial_id)  # where Tune's copy lagged
+        if not data:
             return
-        data = whole_lines(data)  # a line cut short by the kill is left out
         local.mkdir(parents=True, exist_ok=True)
         with open(local / RESULT_FILE, "ab") as f:  # appended: Tune may have opened it already, empty
             f.write(data)

@@ -108,8 +108,12 @@ def records_in(folder: str) -> list[tuple[str, dict]]:
 def last_result(record: dict) -> dict:
     """A trial's last result as Tune had it: its last epoch's numbers."""
     epochs = record.get("epochs") or []
-    last = epochs[-1] if epochs and isinstance(epochs[-1], dict) else {}
-    return {k: v for k, v in last.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return numbers(epochs[-1] if epochs and isinstance(epochs[-1], dict) else {})
+
+
+def numbers(result: dict) -> dict:
+    """The numbers of a result (an epoch's entry in a record), as Tune has them."""
+    return {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _held(tune_run: str, records: str, name: str, record: dict, config: dict, made: dict) -> Held:
@@ -186,7 +190,8 @@ def newest_checkpoint(folder: str, inside: list[str], lineage: Optional[list] = 
     the newest complete one (of the run whose copies were `lineage`, when given) whose epoch Tune's result
     log holds. A trial uploads its checkpoint before Tune logs its result, and Tune's copy of the log can
     lag: every epoch is then logged once (the ones after it are trained again). When the log holds none of
-    them, the oldest, the smallest gap; (0, None) when there is none."""
+    them, the oldest, the smallest gap, which the trial's log gets from its record when it starts
+    (`unlogged_results`); (0, None) when there is none."""
     complete = []
     for n in inside:
         record = checkpoint_record(f"{folder}/{n}")
@@ -210,8 +215,13 @@ def logged_epoch(folder: str) -> int:
     0 when there is none."""
     from augtune.search.storage import read_bytes
 
+    return last_logged(read_bytes(folder, RESULT_FILE) or b"")
+
+
+def last_logged(log: bytes) -> int:
+    """The last epoch a result log's whole lines hold; 0 when there is none."""
     epochs = [0]
-    for line in whole_lines(read_bytes(folder, RESULT_FILE) or b"").splitlines():
+    for line in whole_lines(log).splitlines():
         try:
             epoch = json.loads(line).get("epoch")
         except (ValueError, AttributeError):
@@ -219,6 +229,22 @@ def logged_epoch(folder: str) -> int:
         if isinstance(epoch, int):
             epochs.append(epoch)
     return max(epochs)
+
+
+def unlogged_results(log: bytes, resume: dict, trial_id: str) -> bytes:
+    """The result lines a trial's carried-over log (`log`) lacks up to the checkpoint it continues from
+    (`resume`, its `RESUME`), one per epoch: the numbers the trial reported then, from the checkpoint's
+    record, marked `from_record`. Tune keeps the newest checkpoints only, and its copy of the log can lag
+    them by seconds of epochs: when it holds none of them (`newest_checkpoint`), the trial continues after
+    epochs the log never got, and without these it would lack them for good."""
+    record = checkpoint_record(resume["checkpoint"]) if resume.get("checkpoint") else None
+    logged, until = last_logged(log), int(resume.get("epoch") or 0)
+    lines = []
+    for entry in (record or {}).get("epochs", []):
+        epoch = entry.get("epoch") if isinstance(entry, dict) else None
+        if isinstance(epoch, int) and logged < epoch <= until:
+            lines.append(json.dumps({**numbers(entry), "trial_id": trial_id, "from_record": True}) + "\n")
+    return "".join(lines).encode()
 
 
 def _index(name: str) -> int:
