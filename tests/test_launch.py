@@ -77,7 +77,8 @@ def test_every_socket_of_a_local_search_listens_on_loopback(tmp_path):
         "dataset": {"name": "digits", "as_vectors": True, "max_train": 200, "max_test": 100},
         "model": {"backbone": "mlp", "hidden_dim": 16, "num_layers": 2, "embed_dim": 8,
                   "proj_hidden_dim": 8, "proj_dim": 8},
-        "train": {"epochs": 400, "batch_size": 64, "num_threads": 1},
+        # an epoch takes milliseconds: the trial must outlast the look (it ends with the Ctrl-C below)
+        "train": {"epochs": 100_000, "batch_size": 64, "num_threads": 1},
         "eval": {"metrics": ["knn"]},
         "search": {"space": {"train.lr": "loguniform(1e-4, 1e-2)"}, "algorithm": "random",
                    "num_samples": 1, "scheduler": "none", "metric": "knn_acc"},
@@ -92,8 +93,8 @@ def test_every_socket_of_a_local_search_listens_on_loopback(tmp_path):
         while time.time() < deadline and proc.poll() is None \
                 and not any((tmp_path / "res" / "exp").glob("*/record.json")):
             time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(3)  # the trial trains: every server is up
+        assert proc.poll() is None, proc.communicate()[1][-3000:]  # the search still runs: its Ray is up
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         listening = []
         for p in tree:
@@ -103,6 +104,7 @@ def test_every_socket_of_a_local_search_listens_on_loopback(tmp_path):
             except psutil.NoSuchProcess:
                 continue
         assert len(tree) > 3 and len(listening) > 3, (tree, listening)  # Ray's servers were seen
+        assert proc.poll() is None  # ... and were the running search's
         assert [s for s in listening if s[1] not in LOOPBACK] == [], listening
     finally:
         import signal
