@@ -645,14 +645,10 @@ def run_plan(plan, *, verbose: bool = False) -> Experiment:
     from augtune.plots import end_of_run_figures
     from augtune.search import run_search
     from augtune.search.compare import ComparePlan
-    from augtune.search.tune_run import run_compare
 
-    if isinstance(plan, ComparePlan):
-        run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb),
-                plan.experiment, plan.plans[0].cfg, verbose, budget=time_budget_of(plan))
-    else:
-        run_job(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb),
-                plan.experiment, plan.cfg, verbose)
+    budget = time_budget_of(plan) if isinstance(plan, ComparePlan) else None
+    run_job(lambda cb: run_search(plan, on_completed=end_of_run_figures, callbacks=cb), plan.experiment,
+            plan.plans[0].cfg, verbose, budget=budget)
     return Experiment(plan.experiment)
 
 
@@ -685,10 +681,9 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
            verbose: bool = False) -> Experiment:
     """Continue an interrupted search or compare (`augtune resume`); a finished one is returned as it is."""
     from augtune.plots import end_of_run_figures
-    from augtune.search import load_plan, resume_search
     from augtune.records import is_compare
+    from augtune.search import load_plan, resume_search
     from augtune.search.compare import load_compare
-    from augtune.search.tune_run import run_compare
     from augtune.search.experiment import is_finished
     from augtune.search.launch import hold_to_loopback
 
@@ -696,16 +691,10 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     exp = resumable(path)
     if is_finished(exp.path) and not restart_errored:
         return exp
-    if is_compare(exp.path):
-        plan = load_compare(exp.path, address=address)
-        run_job(lambda cb: run_compare(plan, on_completed=end_of_run_figures, callbacks=cb,
-                                       restart_errored=restart_errored),
-                plan.experiment, plan.plans[0].cfg, verbose)
-    else:
-        plan = load_plan(exp.path, address=address)
-        run_job(lambda cb: resume_search(plan, restart_errored=restart_errored,
-                                         on_completed=end_of_run_figures, callbacks=cb),
-                plan.experiment, plan.cfg, verbose)
+    plan = (load_compare if is_compare(exp.path) else load_plan)(exp.path, address=address)
+    run_job(lambda cb: resume_search(plan, restart_errored=restart_errored, on_completed=end_of_run_figures,
+                                     callbacks=cb),
+            plan.experiment, plan.plans[0].cfg, verbose)
     return exp
 
 

@@ -116,7 +116,7 @@ def entrant_config(cfg: Config, entrant: Entrant) -> Config:
         "search.num_samples": c.trials, "search.metric": c.metrics[0],
         "search.mode": mode_of(c.metrics[0]),
         "search.scheduler": entrant.scheduler,
-        "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: run_compare
+        "search.repeat_best": {"top": 0, "seeds": seeds, "per": None},  # one repeat for all: tune_run
     }
     return from_dict(set_values(to_dict(cfg), values))
 

@@ -39,7 +39,8 @@ def entrant_of(trial_or_result) -> Optional[str]:
 
 
 class EntrantsSearch(SearchAlgorithm):
-    """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
+    """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`; a search is
+    the one entrant None: an
     algorithm as `searchers.Continuing` makes it, the constants of its space, its budget) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
     `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still
@@ -74,7 +75,9 @@ class EntrantsSearch(SearchAlgorithm):
         experiment = experiment_of(experiments)
         for name, sub in self._subs.items():
             spec = dict(experiment.spec)
-            config = {**(spec.get("config") or {}), **self._constants[name], ENTRANT: name}
+            config = {**(spec.get("config") or {}), **self._constants[name]}
+            if name is not None:  # a search of its own (entrant None) names none
+                config[ENTRANT] = name
             spec["config"] = copy.deepcopy(config)
             spec["num_samples"] = self._budgets[name]
             own = copy.copy(experiment)

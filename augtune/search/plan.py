@@ -40,6 +40,11 @@ class SearchPlan:
     def experiment(self) -> str:
         return f"{self.storage.rstrip('/')}/{self.name}"
 
+    @property
+    def plans(self) -> tuple:
+        """A search is a compare of one entrant, itself (`ComparePlan.plans`; `tune_run.tune_run`)."""
+        return (self,)
+
 
 def reported_metrics(cfg: Config) -> set[str]:
     from augtune.eval import OUTPUTS

@@ -1,12 +1,12 @@
-"""The Tune run of an experiment, built in one place: a search is one entrant's, a compare every entrant's.
+"""The Tune run of an experiment, built in one place: a search is a compare of one entrant.
 
-`search_run(plan)` and `compare_run(plan)` give a `TuneRun`, what `launch.drive` runs, new or resumed: what a
+`tune_run(plan)` gives a `TuneRun` of a search or a compare, what `launch.drive` runs, new or resumed: what a
 new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner, given the records a
-resume continues from: `augtune.search.resume`). Both starts build their Tuner with `tuner`, from each
-entrant's search algorithm and scheduler (`entrant_search`), the repeat's chooser (`repeat.RepeatBest`,
-`compare.BestOfEach`, `compare.RaceOfFinalists`) and one run config (`run_config`). A resume is a new Tune
-run of the same experiment, never `Tuner.restore`. `run_search` and `run_compare` build and drive;
-`launch` keeps Ray and the driving, `compare` the planning.
+resume continues from: `augtune.search.resume`). Its Tuner (`tuner`) runs every entrant's search algorithm
+and scheduler (`entrant_search`) as one (`multiplex`), then the repeat its chooser picks (`repeat.RepeatBest`,
+`compare.BestOfEach`, `compare.RaceOfFinalists`), under one run config (`run_config`). A resume is a new Tune
+run of the same experiment, never `Tuner.restore`. `run_search` builds and drives; `launch` keeps Ray and
+the driving, `compare` the planning.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from augtune.search.plan import SearchPlan, trial_resources
 from augtune.search.schedulers import scheduling
 from augtune.search.storage import exists
 
-__all__ = ["TuneRun", "compare_run", "entrant_search", "resume_search", "run_compare", "run_config",
-           "run_search", "search_algorithm", "search_run", "tuner"]
+__all__ = ["TuneRun", "entrant_search", "resume_search", "run_config", "run_search", "search_algorithm",
+           "tune_run", "tuner"]
 
 
 def search_algorithm(search, choose, conc: int, scheduler=None, records=None, restart_errored: bool = False):
@@ -63,25 +63,6 @@ class TuneRun:
         from augtune.search.resume import read_records
 
         return read_records(self.path, self.searches, self.repeats, compare=None not in self.searches)
-
-
-def search_trainable(plan: SearchPlan, on_completed: Optional[Callable] = None):
-    """The trainable of a search's Tune run: its trials keep their records in the experiment folder (or
-    URI), its repeat runs in `repeat_best/` of it; the repeat runs draw the end-of-run figures when there
-    is a repeat phase, else the search's trials do (a figure per trial, NRCC's UMAP say, costs seconds to
-    minutes each)."""
-    from ray import tune
-
-    from augtune.trainables.ray_trainable import tune_trial
-
-    repeats = plan.cfg.search.repeat_best.top > 0
-    trainable = tune.with_parameters(
-        tune_trial, bases={None: plan.base}, experiments={None: plan.experiment},
-        repeats=f"{plan.experiment}/{REPEAT_DIR}",
-        on_completed=None if repeats else on_completed, on_repeat_completed=on_completed,
-        tune_run=plan.experiment,
-    )
-    return tune.with_resources(trainable, trial_resources(plan.cfg))
 
 
 def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
@@ -142,8 +123,8 @@ def settled(storage, held: list, metric: str) -> tuple[dict[str, int], int]:
     return settle_study(study, held, metric), len(study.trials)
 
 
-def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, param_space: dict,
-          num_samples: int, config, records=None, restart_errored: bool = False) -> tuple:
+def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, num_samples: int, config,
+          records=None, restart_errored: bool = False) -> tuple:
     """The Tuner of a run (new, or continuing `records`), its search algorithm and the callback that keeps
     each trial's status at Tune's last step: `search`'s trials, then the repeat runs `choose` picks, in one
     run (`search_algorithm`), on the search metric, its processes reused from trial to trial, each trial a
@@ -160,107 +141,106 @@ def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, param_sp
         if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
             callback.phases = search_alg
     return tune.Tuner(
-        trainable, param_space=param_space,
+        trainable,  # no param_space: each entrant's constants are its search's (`multiplex.EntrantsSearch`)
         tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
                                     scheduler=sched, num_samples=num_samples, reuse_actors=True,
                                     trial_dirname_creator=trial_folder),
         run_config=config), search_alg, stepped
 
 
-# -- a search -------------------------------------------------------------------------------------------
+# -- the one builder -------------------------------------------------------------------------------------
 
-def search_run(plan: SearchPlan, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None) -> TuneRun:
-    """The Tune run of a search and, when asked, the repeat of its best configurations (`on_completed`:
-    what each completed trial runs in its folder, e.g. the CLI's end-of-run figures)."""
-    trainable = search_trainable(plan, on_completed)
-
-    def start(conc: int, log: Callable[[str], None], records=None, restart_errored: bool = False):
-        from augtune.search.repeat import RepeatBest
-
-        cfg = plan.cfg
-        rb = cfg.search.repeat_best
-        log(f"search {plan.experiment}: {cfg.search.algorithm}, {cfg.search.num_samples} samples, "
-            f"{conc} trial(s) at a time, optimising {cfg.search.metric} ({cfg.search.mode})"
-            + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
-               + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
-        held = records.search.get(None) if records is not None else None
-        search, param_space, own = entrant_search(plan, conc, held, restart_errored)
-        return tuner(trainable, cfg, search, RepeatBest(to_dict(cfg)), conc, own, param_space,
-                     cfg.search.num_samples,
-                     run_config(cfg, plan.name, plan.storage, callbacks or [],
-                                repeats=f"{plan.experiment}/{REPEAT_DIR}"), records, restart_errored)
-
-    return TuneRun(plan.experiment, plan.experiment, plan.cfg, lambda: save_plan(plan), start,
-                   exists(f"{plan.experiment}/{SEARCH_FILE}"), {None: plan.experiment},
-                   f"{plan.experiment}/{REPEAT_DIR}", plan.address, plan.dashboard)
-
-
-def run_search(plan: SearchPlan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
-               callbacks: Optional[list] = None, restart_errored: bool = False) -> None:
-    """Start a search, or continue it from its records (`augtune resume`): finish the search, then (in
-    the same Tune run, and only then) the repeat of the whole search's best."""
-    drive(search_run(plan, on_completed, callbacks), log, restart_errored)
-
-
-resume_search = run_search  # one path: `drive` continues from the records when the plan is there
-
-
-# -- a compare ------------------------------------------------------------------------------------------
-
-def compare_run(plan: ComparePlan, on_completed=None, callbacks: Optional[list] = None):
-    """The one Tune run of a compare (`search/`): every entrant's search, then the repeat of every
-    entrant's best configuration on the shared seeds (`augtune.search.repeat`). Only the repeat's runs of
-    the first seed draw the methods' end-of-run figures (`on_completed`): they are the runs the report
-    shows."""
+def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[list] = None) -> TuneRun:
+    """The Tune run of a search (`SearchPlan`) or a compare (`ComparePlan`): a search is a compare of one
+    entrant, keyed None, in its experiment folder itself; a compare's entrants share `search/`. Every
+    entrant's search (`entrant_search`) runs in one `EntrantsSearch`, then the repeat its chooser picks: a
+    search's best configurations (`repeat.RepeatBest`), each compare entrant's (`BestOfEach`) or a race of
+    them (`RaceOfFinalists`). `on_completed` (what a completed trial runs in its folder, the CLI's
+    end-of-run figures): a search's repeat runs (its trials when it has no repeat), a compare's runs of the
+    first seed."""
     from ray import tune
 
     from augtune.records import COMPARE_FILE
+    from augtune.search.repeat import RepeatBest
     from augtune.trainables.ray_trainable import tune_trial
 
-    first = plan.plans[0]
-    cfg = first.cfg
-    path = f"{plan.experiment}/{COMPARE_SEARCH}"
-    repeats = f"{plan.experiment}/{COMPARE_REPEAT}"
-    folders = {p.name: p.experiment for p in plan.plans}
-    figures = FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0]) if on_completed else None
-    race = plan.cfg.compare.race
+    experiment, compare, where = plan.experiment, isinstance(plan, ComparePlan), plan.plans[0]
+    plans = {p.name: p for p in plan.plans} if compare else {None: plan}
+    searches = {k: p.experiment for k, p in plans.items()}  # where each entrant's trials keep their records
+    if compare:
+        cfg = kept(where.cfg, plan)
+        path, repeats = f"{experiment}/{COMPARE_SEARCH}", f"{experiment}/{COMPARE_REPEAT}"
+        name, storage, folders = COMPARE_SEARCH, experiment, searches
+        resuming = exists(f"{experiment}/{COMPARE_FILE}")
+        choose = RaceOfFinalists.of(plan) if plan.cfg.compare.race.enabled else BestOfEach.of(plan)
+        on_trial = None
+        on_repeat = on_completed and FirstSeedFigures(on_completed, cfg.search.repeat_best.seeds[0])
+    else:
+        cfg = plan.cfg
+        path, repeats = experiment, f"{experiment}/{REPEAT_DIR}"
+        name, storage, folders = plan.name, plan.storage, None  # its trials' records are in its Tune run
+        resuming = exists(f"{experiment}/{SEARCH_FILE}")
+        choose = RepeatBest(to_dict(cfg))
+        on_trial = None if cfg.search.repeat_best.top > 0 else on_completed
+        on_repeat = on_completed
     trainable = tune.with_resources(
-        tune.with_parameters(tune_trial, bases={p.name: p.base for p in plan.plans},
-                             experiments=folders, repeats=repeats, on_repeat_completed=figures,
-                             tune_run=path),
+        tune.with_parameters(tune_trial, bases={k: p.base for k, p in plans.items()},
+                             experiments=searches, repeats=repeats,
+                             on_completed=on_trial, on_repeat_completed=on_repeat, tune_run=path),
         trial_resources(cfg),
     )
 
     def prepare() -> None:
-        plan.save()
-        for p in plan.plans:
+        if compare:
+            plan.save()
+        for p in plans.values():
             save_plan(p)
 
     def start(conc: int, log: Callable[[str], None], records=None, restart_errored: bool = False):
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
 
         entrants, schedulers = {}, {}
-        for p in plan.plans:
-            held = records.search.get(p.name) if records is not None else None
+        for key, p in plans.items():
+            held = records.search.get(key) if records is not None else None
             search, constants, own = entrant_search(p, conc, held, restart_errored)
-            entrants[p.name] = (search, constants, p.cfg.search.num_samples)
+            entrants[key] = (search, constants, p.cfg.search.num_samples)
             if own is not None:
-                schedulers[p.name] = own  # PBT's perturbations: the entrant's own domains
-        then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to "
-                f"{race.max_seeds} seeds" if race.enabled
-                else f"each entrant's best on {len(cfg.search.repeat_best.seeds)} seeds")
-        log(f"search {path}: {len(plan.plans)} entrants x {cfg.search.num_samples} trials, {conc} at a "
-            f"time, optimising {cfg.search.metric} ({cfg.search.mode}); then {then}")
-        choose = RaceOfFinalists.of(plan) if race.enabled else BestOfEach.of(plan)
-        populations = {p.name for p in plan.plans if scheduling(p.cfg).population}  # live whole
+                schedulers[key] = own  # ASHA's rungs, PBT's perturbations: the entrant's own
+        log(describe_run(plan, path, conc))
+        populations = {key for key, p in plans.items() if scheduling(p.cfg).population}  # live whole
+        trials = sum(p.cfg.search.num_samples for p in plans.values())
+        config = run_config(cfg, name, storage, callbacks or [], folders, repeats)
         return tuner(trainable, cfg, EntrantsSearch(entrants, conc, populations), choose, conc,
-                     EntrantsScheduler(schedulers), {}, sum(p.cfg.search.num_samples for p in plan.plans),
-                     run_config(kept(cfg, plan), COMPARE_SEARCH, plan.experiment, callbacks or [], folders,
-                                repeats), records, restart_errored)
+                     EntrantsScheduler(schedulers), trials, config, records, restart_errored)
 
-    return TuneRun(plan.experiment, path, cfg, prepare, start, exists(f"{plan.experiment}/{COMPARE_FILE}"),
-                   folders, repeats, first.address, first.dashboard)
+    return TuneRun(experiment, path, cfg, prepare, start, resuming, searches, repeats, where.address,
+                   where.dashboard)
+
+
+def describe_run(plan, path: str, conc: int) -> str:
+    """The line a run starts with: what it searches, how many trials at a time, then what it repeats."""
+    s = plan.plans[0].cfg.search
+    aim = f"{conc} trial(s) at a time, optimising {s.metric} ({s.mode})"
+    if not isinstance(plan, ComparePlan):
+        rb = s.repeat_best
+        return (f"search {path}: {s.algorithm}, {s.num_samples} samples, {aim}"
+                + (f"; then the best {rb.top}" + (f" of each {rb.per}" if rb.per else "")
+                   + f" on {len(rb.seeds)} seed(s)" if rb.top else ""))
+    race = plan.cfg.compare.race
+    then = (f"a race of each entrant's best {race.finalists} on {race.min_seeds} to {race.max_seeds} seeds"
+            if race.enabled else f"each entrant's best on {len(s.repeat_best.seeds)} seeds")
+    return f"search {path}: {len(plan.plans)} entrants x {s.num_samples} trials, {aim}; then {then}"
+
+
+def run_search(plan, log: Callable[[str], None] = print, on_completed: Optional[Callable] = None,
+               callbacks: Optional[list] = None, restart_errored: bool = False) -> None:
+    """Start a search or a compare, or continue it from its records (`augtune resume`: `drive` continues
+    from them when the plan is in the folder): finish every search, then (in the same Tune run, and only
+    then) the repeat of the best."""
+    drive(tune_run(plan, on_completed, callbacks), log, restart_errored)
+
+
+resume_search = run_search  # one path: `drive` continues from the records when the plan is there
 
 
 def kept(cfg: Config, plan: ComparePlan) -> Config:
@@ -268,9 +248,3 @@ def kept(cfg: Config, plan: ComparePlan) -> Config:
     number for the run): a PBT entrant's donor checkpoint must outlive its copy."""
     most = max(scheduling(p.cfg).checkpoints_kept(p.cfg) for p in plan.plans)
     return replace(cfg, search=replace(cfg.search, keep_checkpoints=most))
-
-
-def run_compare(plan: ComparePlan, log: Callable[[str], None] = print, on_completed=None,
-                callbacks: Optional[list] = None, restart_errored: bool = False) -> None:
-    """Start a compare, or continue it from its records (`augtune resume`)."""
-    drive(compare_run(plan, on_completed, callbacks), log, restart_errored)
