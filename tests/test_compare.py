@@ -80,7 +80,7 @@ def test_a_method_is_entered_once_per_scheduler_a_schedule_against_a_constant(tm
 def test_a_pbt_entrants_finalists_are_schedules_and_two_schedules_are_two_configurations(tmp_path):
     """The repeat replays a PBT trial's schedule (donors' epochs included) from scratch; trials with the
     same values at the end but different schedules are different candidates."""
-    from augtune.search.compare import top_of
+    from augtune.search.choosers import top_of
 
     def trial(name, lrs, knn, scheduler="pbt"):
         (tmp_path / name).mkdir()
@@ -261,7 +261,7 @@ def test_a_compare_interrupted_in_its_search_resumes_every_entrant_once(tmp_path
 
 
 def test_only_the_first_seeds_repeat_run_draws_the_figures():
-    from augtune.search.compare import FirstSeedFigures
+    from augtune.search.choosers import FirstSeedFigures
 
     drawn = []
     hook = FirstSeedFigures(lambda tr, run_dir, record, log: drawn.append(record["seed"]), seed=11)
@@ -276,7 +276,7 @@ def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):
 
     from ray import cloudpickle
 
-    from augtune.search.compare import BestOfEach, epoch_seconds, repeat_runs
+    from augtune.search.choosers import BestOfEach, epoch_seconds, repeat_runs
 
     entrants = []
     for name, times, lr in (("cheap", [0.1, 0.2, 0.1], 0.1), ("dear", [3.0, 2.0], 0.2), ("unrun", [], 0.3)):

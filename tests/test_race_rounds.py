@@ -1,4 +1,4 @@
-"""The race wired into a compare's repeat phase (`compare.race`): `compare.RaceOfFinalists` gives out the
+"""The race wired into a compare's repeat phase (`compare.race`): `choosers.RaceOfFinalists` gives out the
 runs round by round from the ended repeat trials alone, `repeat.SearchThenRepeat` asks it again as each
 repeat trial ends, and a restored run (within a round, or between two) continues the race with nothing
 run twice. Fabricated search records and real Tune trial objects, without a Ray runtime; one real
@@ -20,7 +20,7 @@ from ray.tune.experiment import Experiment, Trial
 
 from augtune.config import ConfigError, load_config, to_dict
 from augtune.records import CANDIDATE, ENTRANT, REPEAT, RESUME, ROUND
-from augtune.search.compare import FirstSeedFigures, RaceOfFinalists, race_record, top_of
+from augtune.search.choosers import FirstSeedFigures, RaceOfFinalists, race_record, top_of
 from augtune.search.repeat import Ended, SearchThenRepeat
 from augtune.search.resume import Held, Records
 from augtune.search.searchers import Continuing, VariantGenerator, limited

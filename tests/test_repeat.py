@@ -15,7 +15,8 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.config import from_dict, to_dict
 from augtune.search.tune_run import search_algorithm
-from augtune.search.repeat import RepeatBest, SearchThenRepeat, best_configs
+from augtune.search.choosers import RepeatBest, best_configs
+from augtune.search.repeat import SearchThenRepeat
 from augtune.search.resume import Held, Records
 from augtune.search.searchers import Continuing, VariantGenerator, limited
 from augtune.records import REPEAT, RESUME
@@ -206,9 +207,9 @@ def test_an_errored_trial_a_resume_makes_again_holds_the_repeat_back_until_it_ha
 
 
 def test_one_ranking_for_tune_results_and_records():
-    """`ranked`, the ranking `best_configs` (Tune's results) and `compare.top_of` (records) share: best first
+    """`ranked`, the ranking `best_configs` (Tune's results) and `top_of` (records) share: best first
     by `mode`, ties to the first made, each configuration once by its signature, at most `top` per group."""
-    from augtune.search.repeat import ranked
+    from augtune.search.choosers import ranked
 
     scored = [(0.5, {"lr": 1, "m": "a"}), (0.9, {"lr": 2, "m": "a"}), (0.9, {"lr": 3, "m": "b"}),
               (0.7, {"lr": 4, "m": "b"}), (0.9, {"lr": 2, "m": "a", "unread": 1})]

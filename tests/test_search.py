@@ -179,7 +179,7 @@ def test_best_configs_picks_the_top_distinct_parameter_sets_per_group():
     from types import SimpleNamespace
 
     from augtune.config import from_dict
-    from augtune.search.repeat import best_configs
+    from augtune.search.choosers import best_configs
 
     def result(base, lr, acc, error=None):
         return SimpleNamespace(
@@ -202,7 +202,7 @@ def test_best_configs_repeats_once_what_differs_only_in_keys_the_run_never_reads
     from types import SimpleNamespace
 
     from augtune.config import from_dict
-    from augtune.search.repeat import best_configs
+    from augtune.search.choosers import best_configs
 
     def result(augment, mu, acc):
         return SimpleNamespace(config={"method.augment": augment, "pinda.mu": mu}, metrics={"knn_acc": acc},

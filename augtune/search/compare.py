@@ -15,24 +15,21 @@ the one Ray experiment of every entrant's search (`augtune.search.multiplex`: ea
 study, budget, limit and scheduler; they share the trial processes) and then of the repeat of every
 entrant's best configuration on the shared seeds (`augtune.search.repeat`), whose records are in
 `repeat/`; with `compare.race`, the repeat is a race of each entrant's best configurations, round by
-round (`RaceOfFinalists`, deciding by `augtune.analysis.race`). Resuming finishes the searches, then the
-repeat (a race where it stopped).
+round (`choosers.RaceOfFinalists`, deciding by `augtune.analysis.race`). Resuming finishes the searches,
+then the repeat (a race where it stopped). This module plans; `tune_run` builds the run.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import yaml
 
 from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
-from augtune.records import (
-    CANDIDATE, COMPARE_FILE, ENTRANT, REPEAT, ROUND, SEARCH_FILE,
-    mode_of,
-)
+from augtune.records import COMPARE_FILE, SEARCH_FILE, mode_of
 from augtune.search.schedulers import SCHEDULERS
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
@@ -327,241 +324,6 @@ def describe_compare(plan: ComparePlan) -> list[str]:
     lines.append(f"in all: {trials} search trials and {least}{each * len(plan.plans)} repeat runs, at most "
                  f"{most} epochs")
     return lines + ([plan.budget] if plan.budget else [])
-
-
-def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
-    """The best search trial's parameters, from the records on disk: the last value of `metric` each
-    trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them."""
-    top = top_of(folder, metric, mode, 1)
-    return top[0] if top else None
-
-
-def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = None) -> list[dict]:
-    """The parameters of the `k` best search trials, best first, from the records on disk: the last value
-    of `metric` each trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them; ties go
-    to the first record (by folder name). With `label` (the entrant's method), two trials that differ
-    only in keys that method never reads are one configuration, taken once; so are two PBT trials with
-    the same schedule (whatever values they ended with: the schedule sets them from epoch 1)."""
-    from augtune.config import run_signature
-    from augtune.records import read_record
-    from augtune.search.repeat import ranked
-
-    scored = []
-    for path in sorted(folder.glob("*/record.json")):  # ties keep the folders' order
-        try:
-            record = read_record(path)
-        except (OSError, ValueError):
-            continue
-        values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
-        if record.get("status") not in ("completed", "stopped") or not values:
-            continue
-        scored.append((values[-1], replayed(record)))
-
-    def signature(params: dict):
-        # a schedule's first step sets its keys from epoch 1 on: a PBT trial's values at the end do not
-        # change its replay (a trial that copied its donor at the last epoch is the donor's run again)
-        steps = params.get("schedule") or [{}]
-        ignore = set(steps[0].get("set", {})) if steps[0].get("epoch") == 1 else set()
-        return (run_signature(params, label, ignore) if label
-                else {k: v for k, v in params.items() if k not in ignore})
-
-    return ranked(scored, mode, k, signature)
-
-
-def replayed(record: dict) -> dict:
-    """A search trial's parameters as the repeat runs them: a PBT trial's (its values at the end) with the
-    `schedule:` of the values its epochs trained under, donors' epochs included (PBA's replay, from
-    scratch on each new seed); two trials are one configuration only with the same schedule."""
-    from augtune.records import knob_schedule, searched_schedule
-
-    params = dict(record.get("params") or {})
-    if searched_schedule(record.get("config")):
-        params["schedule"] = knob_schedule(record.get("epochs") or [])
-    return params
-
-
-def epoch_seconds(folder: Path) -> float:
-    """The mean training time of an epoch over a search's trials (0 when none has reported one). The mean,
-    not the median: DiffAug's generator trains in some epochs only, and the median of the main job's
-    (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
-    import statistics
-
-    from augtune.records import read_record
-
-    times = []
-    for path in folder.glob("*/record.json"):
-        try:
-            times += [e["epoch_time_s"] for e in read_record(path).get("epochs", [])
-                      if isinstance(e.get("epoch_time_s"), (int, float))]
-        except (OSError, ValueError, AttributeError, TypeError):
-            continue
-    return statistics.fmean(times) if times else 0.0
-
-
-def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], None]) -> list[dict]:
-    """Every entrant's best parameters once per seed, as repeat trials' configs (`{REPEAT: parameters,
-    ENTRANT: name}`), the costliest entrants first (by their search's epochs): the last runs to start are
-    then short ones, and no slot idles through a long one at the end (longest processing time first).
-    `entrants`: (name, records folder, base, augment) of each."""
-    runs = []
-    for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(Path(e[1]))):
-        best = best_of(Path(folder), metric, mode)
-        if best is None:
-            log(f"{name}: no finished search trial; it is left out of the repeat")
-            continue
-        method = {"method.base": base, "method.augment": list(augment)}
-        runs += [{REPEAT: {**best, **method, "train.seed": s}, ENTRANT: name} for s in seeds]
-    return runs
-
-
-@dataclass(frozen=True)
-class BestOfEach:
-    """The repeat of a compare (`repeat.SearchThenRepeat`'s `choose`): every entrant's best search trial,
-    from the records on disk, once per shared seed. Plain data."""
-
-    entrants: tuple  # (name, records folder, base, augment) of each
-    metric: str
-    mode: str
-    seeds: tuple
-
-    @classmethod
-    def of(cls, plan: "ComparePlan") -> "BestOfEach":
-        s = plan.plans[0].cfg.search
-        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
-                         for p in plan.plans), s.metric, s.mode, tuple(s.repeat_best.seeds))
-
-    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
-        """(every repeat run, True): chosen once, from the records of the search trials."""
-        return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say), True
-
-
-@dataclass(frozen=True)
-class RaceOfFinalists:
-    """The repeat of a compare as a race (`compare.race`; `repeat.SearchThenRepeat` asks it again each time
-    a repeat run has ended, until it says it has finished): the candidates are every entrant's
-    `finalists` best distinct search trials, from the records on disk (`top_of`: the same in a resumed
-    driver); which runs come next and when the race stops is `augtune.analysis.race`'s to decide, from the
-    ended repeat runs alone (`replay`): so a resumed run, given the runs its records hold, continues the race
-    where it stopped. Each run's config names its candidate (`CANDIDATE`) and round (`ROUND`), which its
-    record keeps. Plain data."""
-
-    entrants: tuple  # (name, records folder, base, augment) of each
-    metric: str
-    mode: str
-    compare: dict  # the compare section, as a dict (`race.race_settings` reads it)
-    train_seed: int
-    experiment: str  # where `race.json` (a snapshot for people, never read back) is written
-    said: dict = field(default_factory=dict, compare=False, repr=False)  # rounds already logged
-
-    @classmethod
-    def of(cls, plan: "ComparePlan") -> "RaceOfFinalists":
-        s = plan.plans[0].cfg.search
-        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
-                         for p in plan.plans), s.metric, s.mode, to_dict(plan.cfg)["compare"],
-                   plan.cfg.train.seed, plan.experiment)
-
-    def candidates(self) -> list[tuple[str, str, dict]]:
-        """(id, entrant, parameters) of every finalist, in the entrants' order, best first."""
-        from augtune.analysis.race import candidate_id
-
-        out = []
-        for name, folder, base, augment in self.entrants:
-            method = {"method.base": base, "method.augment": list(augment)}
-            top = top_of(Path(folder), self.metric, self.mode, int(self.compare["race"]["finalists"]), name)
-            if not top:
-                self._once(f"{name}: no finished search trial; it is left out of the race")
-            out += [(candidate_id(name, rank), name, {**params, **method})
-                    for rank, params in enumerate(top, 1)]
-        return out
-
-    def state(self, repeats: list):
-        """The race as the ended repeat trials (`repeat.Ended`) have it (`race.replay`): a run that errored,
-        or reported no finite value of the metric, withdraws its candidate, and so does one whose own
-        diagnostics say it did not train (`verdict.did_not_train`), as the analysis of the records does."""
-        from augtune.analysis.race import failed_candidates, race_settings, replay
-        from augtune.analysis.verdict import flagged_candidates
-
-        settings = race_settings(from_dict({"compare": self.compare}).compare, self.train_seed, self.metric)
-        records = [race_record(e, settings.metric) for e in repeats]  # on the validation split
-        out = {**failed_candidates(records), **flagged_candidates(records)}
-        return replay(settings, records, out, self.candidates())
-
-    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
-        """(the runs the race's next decision waits for, whether it has stopped), the costliest entrants'
-        runs first (`repeat_runs`' reason)."""
-        from augtune.analysis.race import due
-
-        state = self.state(list(repeats))
-        pending = due(state)
-        if state.stopped == "alone" and not state.rounds:  # one entrant: no race, its round 1 all the same
-            first = state.settings.seeds[:state.settings.min_seeds]
-            pending = [(c.id, s) for c in state.racing for s in first]
-        ran = {(e.config.get(CANDIDATE), e.config[REPEAT].get("train.seed")) for e in repeats}
-        pending = [cs for cs in pending if cs not in ran]  # a run that ended (or failed) is never asked again
-        cost = {name: epoch_seconds(Path(folder)) for name, folder, _, _ in self.entrants}
-        pending.sort(key=lambda cs: -cost.get(state.candidate(cs[0]).entrant, 0.0))  # stable
-        self._report(state)
-        seeds = state.settings.seeds
-        runs = [{REPEAT: {**state.candidate(cid).params, "train.seed": seed},
-                 ENTRANT: state.candidate(cid).entrant, CANDIDATE: cid,
-                 ROUND: max(1, seeds.index(seed) - state.settings.min_seeds + 2)} for cid, seed in pending]
-        return runs, state.stopped is not None and not pending
-
-    def _report(self, state) -> None:
-        """Each round decided since the last call, a line on the console; the state in `race.json`."""
-        import json
-
-        from augtune.analysis.race import RACE_FILE, history
-        from augtune.search.storage import write_bytes
-
-        lines = history(state)
-        for line in lines[self.said.get("lines", 0):]:
-            _say(f"race: {line}")
-        self.said["lines"] = len(lines)
-        try:
-            write_bytes(self.experiment, RACE_FILE, json.dumps(state.to_dict(), indent=1).encode())
-        except OSError:
-            pass  # a snapshot for people: the race is in the records
-
-    def _once(self, line: str) -> None:
-        if line not in self.said.setdefault("once", []):
-            self.said["once"].append(line)
-            _say(line)
-
-
-def race_record(ended, metric: str) -> dict:
-    """An ended repeat trial (`repeat.Ended`: its config, its last result) as the part of its record the
-    race reads: entrant, candidate, seed, status and final metrics (a trial that errored, or whose result
-    holds no finite value of `metric`, as `failed`)."""
-    import math
-
-    run = ended.config
-    final = {k: v for k, v in (ended.metrics or {}).items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    ok = ended.error is None and math.isfinite(final.get(metric, math.nan))
-    return {"entrant": run.get(ENTRANT), "candidate": run.get(CANDIDATE),
-            "seed": run[REPEAT].get("train.seed"), "status": "completed" if ok else "failed",
-            "final": final, "params": run[REPEAT]}
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
-class FirstSeedFigures:
-    """The end-of-run hook of a compare's repeat runs, for the run of the first seed only: the report
-    shows one run's figures per entrant, and drawing them for every seed cost the main job about 35 s of
-    its 250 (NRCC's UMAP compiles for 15 s in each process that draws it). `augtune plot` draws any
-    other run's figures from its folder."""
-
-    def __init__(self, hook: Callable, seed: int):
-        self.hook, self.seed = hook, seed
-
-    def __call__(self, trainer, run_dir, record: dict, log):
-        # in a race, the first seed's run of each entrant's best configuration only
-        if record.get("seed") == self.seed and str(record.get("candidate") or "#1").endswith("#1"):
-            return self.hook(trainer, run_dir, record, log)
-        return None
 
 
 def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:

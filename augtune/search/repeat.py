@@ -16,19 +16,17 @@ runs that ended (what the repeat is chosen from, the same as before: `choose` is
 repeat runs that did not, which are made again, from their checkpoints, when `choose` names them; no
 run that ended is made again.
 
-Every chooser has one shape: `choose(ended search trials, ended repeat trials)` returns (the runs its
-next decision waits for, whether it has finished). A fixed repeat (`RepeatBest`, a compare's
-`compare.BestOfEach`) answers all its runs and finished at once; a repeat in rounds (a compare's race,
-`compare.RaceOfFinalists`) is asked again each time a repeat trial has ended, until it says it has
-finished. Its answer is a function of the ended trials alone, so a resumed run asks it with the trials
-the records hold and continues the race where it stopped: an ended run is never made again, a run left
+The repeat runs are its chooser's (`augtune.search.choosers`: one shape, `choose(ended search trials,
+ended repeat trials) -> (the runs due, finished)`). A chooser that has not finished (a compare's race) is
+asked again each time a repeat trial has ended; as its answer is a function of the ended trials alone, a
+resumed run continues the race where it stopped: an ended run is never made again, a run left
 unfinished is made again from its checkpoint, and only what is missing is made anew.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 from ray.tune.search import SearchAlgorithm
 
@@ -38,7 +36,8 @@ from augtune.search.searchers import Wrapping
 
 
 class Chooser(Protocol):
-    """What the repeat runs: `(ended search trials, ended repeat trials) -> (the runs due, finished)`."""
+    """What the repeat runs: `(ended search trials, ended repeat trials) -> (the runs due, finished)`
+    (`augtune.search.choosers`)."""
 
     def __call__(self, ended: list[Ended], repeats: list[Ended]) -> tuple[list[dict], bool]: ...
 
@@ -86,7 +85,7 @@ class SearchThenRepeat(Wrapping):
 
     def _resume(self, records) -> None:
         """Start from what the records hold: the ended search trials (in their folders' order, as
-        `compare.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again. `held`: how
+        `choosers.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again. `held`: how
         many of each phase's runs had ended (the progress line counts them done)."""
         ended = sorted((h for held in records.search.values() for h in held if h.ended), key=lambda h: h.name)
         for h in ended:
@@ -227,62 +226,3 @@ def _config_of(result: dict) -> dict:
                 node = node.setdefault(part, {})
             node[last] = value
     return out
-
-
-# -- what a plain search repeats --------------------------------------------------------------------------
-
-def ranked(scored: list[tuple[float, dict]], mode: str, top: int, signature: Callable[[dict], Any],
-           group: Callable[[dict], Any] = lambda params: None) -> list[dict]:
-    """The one ranking of search trials, by the last value of the search metric each reported (an
-    ASHA-stopped trial's at its last rung), as Tune ranks them: the parameter sets of `scored` ((value,
-    parameters) in the order the trials were made: ties go to the first), best first (`mode`), each
-    configuration once (`signature`: what its run reads, so two sets that differ only in keys the run never
-    reads, `pinda.mu` of a CLAE run, are one), at most `top` of each `group`. `best_configs` ranks Tune's
-    results with it, `compare.top_of` the records on disk."""
-    out: list[dict] = []
-    seen: list = []
-    taken: dict = {}
-    for _, params in sorted(scored, key=lambda vp: vp[0], reverse=mode == "max"):  # stable
-        read, kind = signature(params), group(params)
-        if read in seen or taken.get(kind, 0) == top:
-            continue
-        seen.append(read)
-        out.append(params)
-        taken[kind] = taken.get(kind, 0) + 1
-    return out
-
-
-def best_configs(ended: list, cfg) -> list[dict]:
-    """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
-    `repeat_best.per`, when given: the best learning rate of every method, say), `ranked`. `ended`:
-    objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
-    from augtune.config import run_signature
-
-    rb, metric = cfg.search.repeat_best, cfg.search.metric
-
-    def signature(params: dict):
-        base = params.get("method.base", cfg.method.base)
-        return run_signature(params, "+".join([base, *params.get("method.augment", cfg.method.augment)]))
-
-    scored = [(r.metrics[metric], {k: v for k, v in r.config.items() if k != "train.seed"})
-              for r in ended if r.error is None and r.metrics and metric in r.metrics]
-    return ranked(scored, cfg.search.mode, rb.top, signature,
-                  (lambda params: repr(params.get(rb.per))) if rb.per else (lambda params: None))
-
-
-@dataclass(frozen=True)
-class RepeatBest:
-    """The repeat runs of a search (`search.repeat_best`): its best configurations, once per seed."""
-
-    cfg: dict  # the search's config, as a dict (plain data)
-
-    def __call__(self, ended: list[Ended], repeats: list[Ended] = ()) -> tuple[list[dict], bool]:
-        """(every repeat run, True): a fixed repeat is chosen once, from the search trials alone."""
-        from augtune.config import from_dict
-
-        cfg = from_dict(self.cfg)
-        rb = cfg.search.repeat_best
-        if rb.top == 0:
-            return [], True
-        return [{REPEAT: {**params, "train.seed": seed}} for params in best_configs(ended, cfg)
-                for seed in rb.seeds], True

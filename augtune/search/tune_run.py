@@ -3,10 +3,9 @@
 `tune_run(plan)` gives a `TuneRun` of a search or a compare, what `launch.drive` runs, new or resumed: what a
 new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner, given the records a
 resume continues from: `augtune.search.resume`). Its Tuner (`tuner`) runs every entrant's search algorithm
-and scheduler (`entrant_search`) as one (`multiplex`), then the repeat its chooser picks (`repeat.RepeatBest`,
-`compare.BestOfEach`, `compare.RaceOfFinalists`), under one run config (`run_config`). A resume is a new Tune
-run of the same experiment, never `Tuner.restore`. `run_search` builds and drives; `launch` keeps Ray and
-the driving, `compare` the planning.
+and scheduler (`entrant_search`) as one (`multiplex`), then the repeat its chooser picks (`choosers`),
+under one run config (`run_config`). A resume is a new Tune run of the same experiment, never
+`Tuner.restore`. `run_search` builds and drives; `launch` keeps Ray and the driving, `compare` the planning.
 """
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from typing import Any, Callable, Optional
 
 from augtune.config import Config, to_dict
 from augtune.records import COMPARE_REPEAT, COMPARE_SEARCH, REPEAT_DIR, SEARCH_FILE
-from augtune.search.compare import BestOfEach, ComparePlan, FirstSeedFigures, RaceOfFinalists
+from augtune.search.choosers import BestOfEach, FirstSeedFigures, RaceOfFinalists, RepeatBest
+from augtune.search.compare import ComparePlan
 from augtune.search.experiment import optuna_storage, save_plan
 from augtune.search.launch import drive
 from augtune.search.plan import SearchPlan, trial_resources
@@ -154,14 +154,13 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
     """The Tune run of a search (`SearchPlan`) or a compare (`ComparePlan`): a search is a compare of one
     entrant, keyed None, in its experiment folder itself; a compare's entrants share `search/`. Every
     entrant's search (`entrant_search`) runs in one `EntrantsSearch`, then the repeat its chooser picks: a
-    search's best configurations (`repeat.RepeatBest`), each compare entrant's (`BestOfEach`) or a race of
+    search's best configurations (`choosers.RepeatBest`), each compare entrant's (`BestOfEach`) or a race of
     them (`RaceOfFinalists`). `on_completed` (what a completed trial runs in its folder, the CLI's
     end-of-run figures): a search's repeat runs (its trials when it has no repeat), a compare's runs of the
     first seed."""
     from ray import tune
 
     from augtune.records import COMPARE_FILE
-    from augtune.search.repeat import RepeatBest
     from augtune.trainables.ray_trainable import tune_trial
 
     experiment, compare, where = plan.experiment, isinstance(plan, ComparePlan), plan.plans[0]
