@@ -97,6 +97,9 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
         if not dashboard:
             kwargs["_system_config"] = {"enable_metrics_collection": False}
         os.environ.setdefault("RAY_ENABLE_RECORD_ACTOR_TASK_LOGGING", "0")
+        # no idle workers started ahead for the driver: a trial is an actor, which takes a process of its
+        # own (a one-trial search: two fewer processes, a CPU second less; benchmarks/search_overhead.py)
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     env = train_env()
     os.environ.update(env)  # this machine's Ray processes inherit it; a cluster's get it below
     if address:
