@@ -39,9 +39,9 @@ def entrant_of(trial_or_result) -> Optional[str]:
 
 
 class EntrantsSearch(SearchAlgorithm):
-    """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`; a search is
-    the one entrant None: an
-    algorithm as `searchers.Continuing` makes it, the constants of its space, its budget) as one, at most
+    """The search algorithms of several entrants (`name -> (search algorithm, constants, trials)`: an
+    algorithm as `searchers.Continuing` makes it, the constants of its space, its budget; a search of its
+    own is the one entrant None, whose trials name no entrant) as one, at most
     `max_concurrent` trials at a time in all (0: no limit of its own), besides the trials of the entrants in
     `populations` (PBT's: a population is live whole, `schedulers.PBT.live_trials`; Tune's slots still
     hold how many run at once)."""
