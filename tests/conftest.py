@@ -1,10 +1,11 @@
 """What the tests share: the CPU (a GPU only for the GPU tests, with AUGTUNE_TEST_GPU=1), tiny
-networks, one torch thread for tiny tensors, a cache of the session, and Tune's saved state made by hand.
+networks, one torch thread for tiny tensors, a cache of the session, and one Ray for the CLI tests that
+do not kill their driver.
 
-The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) and the key
-that signs experiment state (`$XDG_CONFIG_HOME/augtune`) go to folders of this test session, inherited
-by every CLI and Ray process a test starts: the suite never reads or fills the user's own, and a run of
-it starts from nothing, as CI does.
+The data cache (`$XDG_CACHE_HOME/augtune`: prepared data shared per node, numba's kernels) and the config
+home (`$XDG_CONFIG_HOME`) go to folders of this test session, inherited by every CLI and Ray process a
+test starts: the suite never reads or fills the user's own, and a run of it starts from nothing, as CI
+does.
 """
 from __future__ import annotations
 
@@ -74,18 +75,6 @@ def sigkill_driver(driver) -> None:
     driver.wait()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(driver.pid, signal.SIGKILL)
-
-
-def save_tune_trials(folder, trials: list, stamp: str = "2026-01-01_00-00-00") -> None:
-    """Tune's experiment state holding `trials` (ray.tune Trial objects), as its controller writes it."""
-    import json
-    from pathlib import Path
-
-    for t in trials:
-        if t.placement_group_factory is None:
-            t.create_placement_group_factory()  # what Tune's controller does when it takes a trial
-    state = {"trial_data": [list(t.get_json_state()) for t in trials]}
-    (Path(folder) / f"experiment_state-{stamp}.json").write_text(json.dumps(state))
 
 
 # The shared Ray's process: a head node as a local search's Ray is (every CPU, no dashboard, no metrics, on
