@@ -3,6 +3,7 @@ line on a terminal."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -61,9 +62,8 @@ def test_on_a_terminal_one_line_rewritten_in_place_and_cut_to_its_width(monkeypa
         def isatty(self) -> bool:
             return True
 
-    monkeypatch.setattr(
-        shutil, "get_terminal_size", lambda fallback=None: SimpleNamespace(columns=40, lines=24)
-    )
+    # a real terminal_size: pytest's own reporter asks for the size too, before the patch is undone
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((40, 24)))
     out = Tty()
     p = Progress("knn_acc", "max", total=4, stream=out, clock=Clock())
     trials = [trial("RUNNING")]
