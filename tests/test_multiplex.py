@@ -167,6 +167,19 @@ def test_each_entrant_has_its_own_asha_rungs():
     assert entrant_of(trials[2]) == "b" and entrant_of({f"config/{ENTRANT}": "a"}) == "a"
 
 
+def test_a_search_is_the_one_entrant_none_whose_trials_name_no_entrant():
+    """A search runs as a compare of one entrant (`tune_run.tune_run`): its trials carry its constants and
+    no entrant's name, its results reach its searcher, and it makes its budget, none more."""
+    search = _search({None: 3})
+    made = _drain(search)
+    assert len(made) == 2 and all(ENTRANT not in t.config and "train.lr" in t.config for t in made)
+    while not search.is_finished():
+        ended = made.pop(0)
+        search.on_trial_complete(ended.trial_id, _result(ended, 0.5))
+        made += _drain(search)
+    assert search._subs[None].inner._counter == 3 and entrant_of(made[-1]) is None
+
+
 def test_trial_parameters_name_their_entrant_and_drop_it_before_training(monkeypatch):
     """One trial function for a search (the entrant None) and a compare: the entrant picks its base and
     its records' folder, the record keeps its label, and what trains never sees the name."""
