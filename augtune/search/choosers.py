@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from augtune.config import from_dict, to_dict
-from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND
+from augtune.config import from_dict, run_signature, to_dict
+from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, read_record, searched_schedule
 
 if TYPE_CHECKING:
     from augtune.search.compare import ComparePlan
@@ -52,8 +52,6 @@ def best_configs(ended: list, cfg) -> list[dict]:
     """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
     `repeat_best.per`, when given: the best learning rate of every method, say), `ranked`. `ended`:
     objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
-    from augtune.config import run_signature
-
     rb, metric = cfg.search.repeat_best, cfg.search.metric
 
     def signature(params: dict):
@@ -97,9 +95,6 @@ def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = 
     to the first record (by folder name). With `label` (the entrant's method), two trials that differ
     only in keys that method never reads are one configuration, taken once; so are two PBT trials with
     the same schedule (whatever values they ended with: the schedule sets them from epoch 1)."""
-    from augtune.config import run_signature
-    from augtune.records import read_record
-
     scored = []
     for path in sorted(folder.glob("*/record.json")):  # ties keep the folders' order
         try:
@@ -126,8 +121,6 @@ def replayed(record: dict) -> dict:
     """A search trial's parameters as the repeat runs them: a PBT trial's (its values at the end) with the
     `schedule:` of the values its epochs trained under, donors' epochs included (PBA's replay, from
     scratch on each new seed); two trials are one configuration only with the same schedule."""
-    from augtune.records import knob_schedule, searched_schedule
-
     params = dict(record.get("params") or {})
     if searched_schedule(record.get("config")):
         params["schedule"] = knob_schedule(record.get("epochs") or [])
@@ -140,7 +133,6 @@ def epoch_seconds(folder: Path) -> float:
     (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
     import statistics
 
-    from augtune.records import read_record
 
     times = []
     for path in folder.glob("*/record.json"):
@@ -307,7 +299,6 @@ class FirstSeedFigures:
     shows one run's figures per entrant, and drawing them for every seed cost the main job about 35 s of
     its 250 (NRCC's UMAP compiles for 15 s in each process that draws it). `augtune plot` draws any
     other run's figures from its folder."""
-
     def __init__(self, hook: Callable, seed: int):
         self.hook, self.seed = hook, seed
 
