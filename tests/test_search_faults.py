@@ -348,8 +348,8 @@ def test_a_compare_on_a_two_node_cluster_finishes_after_losing_a_node_mid_search
 def test_a_driver_killed_in_the_repeat_phase_resumes_with_no_orphan(tmp_path, moment):
     """SIGKILL while the best is repeated: after `augtune resume` every seed has one completed repeat
     run, and no record is left `running` (a run Tune never saved is marked failed and made again)."""
-    epochs = 40
-    config = write_config(tmp_path, dataset={"max_train": None}, model={"width": 8},
+    epochs = 60  # ~0.03-0.2 s each: a repeat run is part-way for seconds
+    config = write_config(tmp_path, model={"width": 8},
                           train={"epochs": epochs, "checkpoint_every": 1},
                           search={"space": {"train.lr": "grid([0.001, 0.002])"}, "algorithm": "grid",
                                   "num_samples": 1, "max_concurrent": 2, "scheduler": "none",
