@@ -12,6 +12,9 @@ Plain data, no Ray: Tune keeps a copy of each in its run.
 """
 from __future__ import annotations
 
+import json
+import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -131,9 +134,6 @@ def epoch_seconds(folder: Path) -> float:
     """The mean training time of an epoch over a search's trials (0 when none has reported one). The mean,
     not the median: DiffAug's generator trains in some epochs only, and the median of the main job's
     (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
-    import statistics
-
-
     times = []
     for path in folder.glob("*/record.json"):
         try:
@@ -160,6 +160,11 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
     return runs
 
 
+def entrants_of(plan: ComparePlan) -> tuple:
+    """(name, records folder, base, augment) of each entrant of `plan`: what its choosers read."""
+    return tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment)) for p in plan.plans)
+
+
 @dataclass(frozen=True)
 class BestOfEach:
     """The repeat of a compare (`repeat.SearchThenRepeat`'s `choose`): every entrant's best search trial,
@@ -173,8 +178,7 @@ class BestOfEach:
     @classmethod
     def of(cls, plan: ComparePlan) -> BestOfEach:
         s = plan.plans[0].cfg.search
-        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
-                         for p in plan.plans), s.metric, s.mode, tuple(s.repeat_best.seeds))
+        return cls(entrants_of(plan), s.metric, s.mode, tuple(s.repeat_best.seeds))
 
     def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
         """(every repeat run, True): chosen once, from the records of the search trials."""
@@ -202,9 +206,8 @@ class RaceOfFinalists:
     @classmethod
     def of(cls, plan: ComparePlan) -> RaceOfFinalists:
         s = plan.plans[0].cfg.search
-        return cls(tuple((p.name, p.experiment, p.cfg.method.base, tuple(p.cfg.method.augment))
-                         for p in plan.plans), s.metric, s.mode, to_dict(plan.cfg)["compare"],
-                   plan.cfg.train.seed, plan.experiment)
+        return cls(entrants_of(plan), s.metric, s.mode, to_dict(plan.cfg)["compare"], plan.cfg.train.seed,
+                   plan.experiment)
 
     def candidates(self) -> list[tuple[str, str, dict]]:
         """(id, entrant, parameters) of every finalist, in the entrants' order, best first."""
@@ -255,8 +258,6 @@ class RaceOfFinalists:
 
     def _report(self, state) -> None:
         """Each round decided since the last call, a line on the console; the state in `race.json`."""
-        import json
-
         from augtune.analysis.race import RACE_FILE, history
         from augtune.search.storage import write_bytes
 
@@ -279,8 +280,6 @@ def race_record(ended, metric: str) -> dict:
     """An ended repeat trial (`repeat.Ended`: its config, its last result) as the part of its record the
     race reads: entrant, candidate, seed, status and final metrics (a trial that errored, or whose result
     holds no finite value of `metric`, as `failed`)."""
-    import math
-
     run = ended.config
     final = {k: v for k, v in (ended.metrics or {}).items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)}
