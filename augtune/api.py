@@ -390,25 +390,20 @@ class Experiment:
 
     @staticmethod
     def _paths(folder: Path, phase: Optional[str], find=None) -> list:
-        """The record files (`find` given) or folders of `phase` in the experiment `folder`: a search's
-        trials and `repeat_best/`; a compare's entrants' folders and `repeat/` (its `search/` holds only
-        Tune's files and checkpoints)."""
+        """The record files (`find` given) or folders of `phase` (None: both) in the experiment `folder`
+        (`records.phase_folders`)."""
         from augtune.config import ConfigError
-        from augtune.records import COMPARE_FILE, COMPARE_REPEAT, REPEAT_DIR, SEARCH_FILE
+        from augtune.records import phase_folders
 
         if phase not in (None, "search", "repeat"):
             raise ConfigError(f"phase: {phase!r} is not search or repeat")
-        repeat = [p for p in (folder / COMPARE_REPEAT, folder / REPEAT_DIR) if p.is_dir()]
-        if (folder / COMPARE_FILE).is_file():
-            search = sorted(p for p in folder.iterdir() if (p / SEARCH_FILE).is_file())
-        else:
-            search = [folder]
-        folders = {None: search + repeat, "search": search, "repeat": repeat}[phase]
+        by_phase = phase_folders(folder)
+        folders = by_phase[phase] if phase else by_phase["search"] + by_phase["repeat"]
         if find is None:
             return folders
         files = sorted({f for d in folders for f in find(d)})
         if phase == "search":  # a search's own folder holds its repeat folder too
-            files = [f for f in files if not any(r in f.parents for r in repeat)]
+            files = [f for f in files if not any(r in f.parents for r in by_phase["repeat"])]
         return files
 
     def _need_compare(self) -> None:

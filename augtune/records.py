@@ -252,6 +252,17 @@ def is_compare(exp_dir) -> bool:
     return (Path(exp_dir) / COMPARE_FILE).is_file()
 
 
+def phase_folders(exp_dir: Path) -> dict[str, list[Path]]:
+    """The folders whose subfolders hold the trial records of the local experiment `exp_dir`, by phase: a
+    search's own folder and its `repeat_best/`; a compare's entrants' folders (its `search/` holds only
+    Tune's files and checkpoints) and its `repeat/`."""
+    exp_dir = Path(exp_dir)
+    search = (sorted(p for p in exp_dir.iterdir() if (p / SEARCH_FILE).is_file()) if is_compare(exp_dir)
+              else [exp_dir])
+    return {"search": search, "repeat": [p for p in (exp_dir / COMPARE_REPEAT, exp_dir / REPEAT_DIR)
+                                         if p.is_dir()]}
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: int = 0o644):
     """A binary file object whose bytes replace `path` whole when the block ends, through a temporary file

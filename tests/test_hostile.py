@@ -122,16 +122,10 @@ def _nested_record(d: Path) -> None:
     path.write_text(text[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
 
 
-def _truncated_state(d: Path) -> None:
-    """A search folder whose Tune state file was cut short (a full disk): as `status` met it."""
-    import json
-
-    search = {"config": {"search": {"metric": "knn_acc", "mode": "max"}}, "base": {}}
-    _search_folder(d, yaml.safe_dump(search))
-    doc = json.dumps({"trial_id": "a_00000", "status": "RUNNING", "relative_logdir": "t0",
-                      "config": {}})
-    text = json.dumps({"trial_data": [[doc, json.dumps({"last_result": {}})]]})
-    (d / "exp" / "experiment_state-2026-01-01_00-00-00.json").write_text(text[:60])
+def _corrupt_compare(d: Path) -> None:
+    """A compare's folder whose plan file is not YAML (hand-edited)."""
+    (d / "exp").mkdir()
+    (d / "exp" / "augtune_compare.yaml").write_text("config: [unclosed\n")
 
 
 def _idx_bomb(d: Path) -> None:
@@ -623,10 +617,10 @@ CASES = [
     ),
     Case("status of no search", lambda d: ["status", str(d)], says="not an augtune search folder"),
     Case(
-        "status of a truncated Tune state",
+        "status of a corrupt compare folder",
         lambda d: ["status", str(d / "exp")],
-        _truncated_state,
-        says="experiment_state-2026-01-01_00-00-00.json: not valid JSON: Unterminated string",
+        _corrupt_compare,
+        says="augtune_compare.yaml: cannot be read",
     ),
 ]
 

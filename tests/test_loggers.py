@@ -15,8 +15,8 @@ import yaml
 
 from augtune.cli import main
 from augtune.config import ConfigError, load_config
-from augtune.records import REPEAT, REPEAT_DIR
-from augtune.search.status import merged_states
+from augtune.records import REPEAT_DIR
+from augtune.search.status import TUNE_ID
 from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,12 +183,10 @@ def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(logged_sear
     # Tune's trials, search and repeat (one Tune run), by their ids: a grid trial's is Tune's `a1b2c_00001`,
     # a repeat run's the 8-digit hexadecimal id Tune gives the trials a search algorithm makes
     expected = set()
-    for trial, _ in merged_states(exp):
-        config = trial["config"]
-        repeat = REPEAT in config
-        method = (config[REPEAT] if repeat else config)["method.base"]
-        phase = "repeat seed=3" if repeat else "search"
-        expected.add(f"{method} {phase} ({trial['trial_id']})")
+    for path in [*exp.glob("*/record.json"), *(exp / REPEAT_DIR).glob("*/record.json")]:
+        phase = "repeat seed=3" if path.parent.parent.name == REPEAT_DIR else "search"
+        method = json.loads(path.read_text())["method"]
+        expected.add(f"{method} {phase} ({TUNE_ID.match(path.parent.name).group(1)})")
     assert len(expected) == 4 and len(list((exp / REPEAT_DIR).glob("*/record.json"))) == 2
 
     runs = wandb_runs(exp)  # offline: every run's files are under the experiment, for `wandb sync` later

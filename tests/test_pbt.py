@@ -385,15 +385,6 @@ def test_a_pbt_search_on_ray_copies_trials_records_lineages_and_exports_a_replay
     assert load_config(out).schedule  # the best trial's values, epoch by epoch
 
 
-def test_status_counts_a_pbt_trials_exploits_from_its_record():
-    from augtune.search.status import _exploits
-
-    assert _exploits({"config": {"search": {"scheduler": "pbt"}}, "exploits": 3}) == 3
-    assert _exploits({"config": {"search": {"scheduler": "pb2"}}}) == 0
-    assert _exploits({"config": {"search": {"scheduler": "asha"}}, "exploits": 3}) is None
-    assert _exploits({}) is None
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigkill after an exploit"])

@@ -146,8 +146,8 @@ def test_real_search_then_status_and_export(tmp_path):
 
     status = subprocess.run([sys.executable, "-m", "augtune.cli", "status", str(exp)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
-    assert status.returncode == 0 and "4 terminated" in status.stdout, status.stdout + status.stderr
-    assert "repeat_best" in status.stdout
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"repeat_best {exp.resolve()}/repeat_best: 4 completed" in status.stdout, status.stdout
     assert "ray" not in status.stderr.lower()
 
     export = subprocess.run(

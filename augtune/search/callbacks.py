@@ -9,7 +9,6 @@ from ray.tune import Callback
 
 from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, read_record, write_record
 from augtune.search.resume import RESULT_FILE
-from augtune.search.status import error_line
 
 
 class StepStatuses(Callback):
@@ -90,6 +89,17 @@ class SettleRecords(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         self._settle(trial, "failed", _reason(trial))
+
+
+def error_line(path: Path) -> str:
+    """The telling line of a Tune error file: the last one that reads "Type: message" ("" if none)."""
+    if not path.is_file():
+        return ""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ": " in line and not line.startswith("File "):
+            return line[:200]
+    return lines[-1][:200] if lines else ""
 
 
 def _reason(trial) -> str:

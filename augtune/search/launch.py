@@ -168,7 +168,7 @@ def check_finished(results, experiment: str, stepped: dict[str, str], algorithm,
             or not algorithm.is_finished():
         raise SearchInterrupted(experiment)
     if len(results) and results.num_errors == len(results) and not ended_before:
-        from augtune.search.status import error_line
+        from augtune.search.callbacks import error_line
 
         first = next((error_line(Path(r.path) / "error.txt") for r in results
                       if r.path and not is_uri(r.path)), "")

@@ -8,8 +8,8 @@ GOOGLE_APPLICATION_CREDENTIALS for gs://), never from the URI: augtune joins exp
 names onto the location as paths, which a query string (`?endpoint_override=...`) would end up
 inside of, so a URI with one is refused with one line.
 
-`local_copy` downloads what the analysis and status need (records, configs, Tune's state JSON,
-error files, the search's own files; never checkpoints) into a temporary folder, so that
+`local_copy` downloads what the analysis and status need (records, configs, the search's own files;
+never checkpoints nor Tune's state) into a temporary folder, so that
 `augtune.analysis` keeps reading local folders only. `UploadedJournal` keeps Optuna's journal of a
 search kept in cloud storage in a local file, uploaded beside the experiment after every write.
 """
@@ -25,13 +25,11 @@ from typing import Callable, Iterator, Optional
 
 from augtune import scratch
 from augtune.records import (
-    COMPARE_FILE, CONFIG_FILE, ERROR_FILE, RECORD_FILE, SEARCH_FILE, atomic_file, is_uri, write_atomic,
+    COMPARE_FILE, CONFIG_FILE, RECORD_FILE, SEARCH_FILE, atomic_file, is_uri, write_atomic,
 )
 
-# What `status`, `export` and `importance` read of an experiment: basenames, at any depth. Tune's state
-# (`experiment_state-*.json`) says which trials exist and what they last reported.
-RECORD_PATTERNS = (SEARCH_FILE, COMPARE_FILE, RECORD_FILE, CONFIG_FILE, ERROR_FILE,
-                   "experiment_state-*.json")
+# What `status`, `export` and `importance` read of an experiment: basenames, at any depth
+RECORD_PATTERNS = (SEARCH_FILE, COMPARE_FILE, RECORD_FILE, CONFIG_FILE)
 SKIPPED_DIRS = ("checkpoint_*",)  # Tune's and Train's checkpoint folders: the bulk of an experiment
 
 
