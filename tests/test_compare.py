@@ -300,4 +300,4 @@ def test_the_repeat_starts_with_the_costliest_entrant(tmp_path):
     assert said == ["unrun: no finished search trial; it is left out of the repeat"]
     # what Tune keeps of it: plain data, which unpickles (a Config's read-only mappings would not)
     choose = cloudpickle.loads(cloudpickle.dumps(BestOfEach(tuple(entrants), "knn_acc", "max", (1, 2))))
-    assert choose([], []) == (runs, True)  # a fixed repeat: every run at once, finished
+    assert choose([]) == (runs, True)  # a fixed repeat: every run at once, finished

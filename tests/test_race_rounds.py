@@ -69,7 +69,7 @@ def _run_race(choose, means) -> tuple[list[list[dict]], bool]:
     """Every round of the race, each run ended as soon as it is given out."""
     rounds, ended = [], []
     while True:
-        runs, finished = choose([], ended)
+        runs, finished = choose(ended)
         if finished:
             return rounds, finished
         assert runs, "a race that has not finished waits for runs"
@@ -80,7 +80,7 @@ def _run_race(choose, means) -> tuple[list[list[dict]], bool]:
 def test_round_one_is_every_entrants_finalists_on_min_seeds_each_run_naming_its_candidate_and_round(
         tmp_path):
     choose = _race(tmp_path)
-    runs, finished = choose([], [])
+    runs, finished = choose([])
     assert not finished and len(runs) == 3 * 2 * 3
     assert {(r[CANDIDATE], r[REPEAT]["train.seed"]) for r in runs} == {
         (f"{e}#{k}", s) for e in "abc" for k in (1, 2) for s in (11, 12, 13)}
@@ -89,7 +89,7 @@ def test_round_one_is_every_entrants_finalists_on_min_seeds_each_run_naming_its_
     # the entrant's second-best search trial, with its method, re-run: not trusted from its one search run
     assert one[ENTRANT] == "b" and one[REPEAT]["train.lr"] == 0.2
     assert one[REPEAT]["method.augment"] == ["b"] and one[REPEAT]["method.base"] == "simclr"
-    assert choose([], []) == (runs, False)  # a function of the ended runs alone
+    assert choose([]) == (runs, False)  # a function of the ended runs alone
 
 
 def test_a_clear_winner_is_separated_in_few_rounds(tmp_path):
@@ -130,7 +130,7 @@ def test_equal_candidates_run_to_max_seeds_or_are_shown_equivalent_within_a_marg
 
 def test_a_failed_run_or_one_that_did_not_train_withdraws_its_candidate(tmp_path):
     choose = _race(tmp_path, names=("a", "b", "c"), finalists=1)
-    runs, _ = choose([], [])
+    runs, _ = choose([])
     means = {"a#1": 0.9, "b#1": 0.9, "c#1": 0.9}
     ended = [_ended(r, means, i) for i, r in enumerate(runs)]
     ended[0] = Ended("r0", runs[0], {}, "the trial errored")
@@ -140,15 +140,15 @@ def test_a_failed_run_or_one_that_did_not_train_withdraws_its_candidate(tmp_path
     out = {c.id: c.reason for c in state.candidates if c.status == "withdrawn"}
     assert set(out) == {runs[0][CANDIDATE], runs[bad][CANDIDATE]}
     assert "failed" in out[runs[0][CANDIDATE]] and "collapsed" in out[runs[bad][CANDIDATE]]
-    assert state.stopped == "alone" and choose([], ended) == ([], True)
+    assert state.stopped == "alone" and choose(ended) == ([], True)
     assert race_record(ended[0], "knn_acc")["status"] == "failed"
 
 
 def test_one_entrant_has_no_race_but_its_round_one(tmp_path):
     choose = _race(tmp_path, names=("a",), finalists=2)
-    runs, finished = choose([], [])
+    runs, finished = choose([])
     assert not finished and len(runs) == 2 * 3
-    assert choose([], [_ended(r, {"a#1": 0.9, "a#2": 0.8}, i) for i, r in enumerate(runs)]) == ([], True)
+    assert choose([_ended(r, {"a#1": 0.9, "a#2": 0.8}, i) for i, r in enumerate(runs)]) == ([], True)
 
 
 def test_a_pbt_entrant_races_its_best_schedules_each_replayed_from_scratch(tmp_path):
@@ -172,7 +172,7 @@ def test_a_pbt_entrant_races_its_best_schedules_each_replayed_from_scratch(tmp_p
     choose = RaceOfFinalists((("simclr", str(tmp_path / "asha"), "simclr", ()),
                               ("simclr@pbt", str(tmp_path / "pbt"), "simclr", ())),
                              "knn_acc", "max", to_dict(cfg)["compare"], 10, str(tmp_path))
-    runs, _ = choose([], [])
+    runs, _ = choose([])
     first = {r[CANDIDATE]: r[REPEAT] for r in runs}
     assert set(first) == {"simclr#1", "simclr#2", "simclr@pbt#1", "simclr@pbt#2"}
     assert first["simclr@pbt#1"]["schedule"] == [{"epoch": 1, "set": {"train.lr": 0.1}},
@@ -523,11 +523,3 @@ def test_a_real_race_killed_by_sigkill_resumes_with_nothing_run_twice(tmp_path, 
 
     v = augtune.load(exp).verdict()
     assert v.race is not None and not v.unfinished
-
-
-def test_a_repeat_trials_config_is_read_back_from_tunes_flattened_result():
-    from augtune.search.repeat import _config_of
-
-    flat = {"knn_acc": 0.9, "config/_repeat/train.seed": 12, "config/_repeat/train.lr": 0.1,
-            "config/_candidate": "a#1", "config/_round": 1}
-    assert _config_of(flat) == {REPEAT: {"train.seed": 12, "train.lr": 0.1}, CANDIDATE: "a#1", ROUND: 1}

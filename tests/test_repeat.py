@@ -5,7 +5,9 @@ Built from real Tune objects, without a Ray runtime."""
 from __future__ import annotations
 
 import io
+import json
 import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +17,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.config import from_dict, to_dict
 from augtune.search.tune_run import search_algorithm
-from augtune.search.choosers import RepeatBest, best_configs
+from augtune.search.choosers import RepeatBest
 from augtune.search.repeat import SearchThenRepeat
 from augtune.search.resume import Held, Records
 from augtune.search.searchers import Continuing, VariantGenerator, limited
@@ -24,21 +26,32 @@ from augtune.records import REPEAT, RESUME
 GRID = {"train.lr": tune.grid_search([0.1, 0.2, 0.3, 0.4])}
 VALUE = {0.1: 0.5, 0.2: 0.9, 0.3: 0.7, 0.4: 0.6}  # the search metric each lr reaches
 CFG = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 2, "seeds": [7, 8]}}})
-CHOOSE = RepeatBest(to_dict(CFG))
 
 
 def _trainable(config):
     pass
 
 
-def _search(limit: int = 2, records: Records | None = None, restart_errored: bool = False) \
-        -> SearchThenRepeat:
-    """The algorithm of a search of GRID, new or (`records`) resumed, as `tune_run` makes it."""
+def record(folder: str, trial: Trial, status: str = "completed") -> None:
+    """The record a search trial leaves in its folder (a trial a resume made again: the folder it had): its
+    parameters and its epochs, the last reaching the metric VALUE gives its lr."""
+    epochs = [{"epoch": 3, "knn_acc": VALUE.get(trial.config.get("train.lr"), 0.0)}]
+    run = Path(folder) / ((trial.config.get(RESUME) or {}).get("folder") or trial.trial_id)
+    run.mkdir(parents=True, exist_ok=True)
+    params = {k: v for k, v in trial.config.items() if k != RESUME}
+    (run / "record.json").write_text(json.dumps({"status": status, "params": params, "epochs": epochs}))
+
+
+def _search(limit: int = 2, records: Records | None = None, restart_errored: bool = False,
+            folder: str | None = None) -> SearchThenRepeat:
+    """The algorithm of a search of GRID, new or (`records`) resumed, as `tune_run` makes it; its trials'
+    records in `folder` (a new one by default)."""
     held = records.search.get(None, []) if records is not None else []
     search = Continuing(limited(VariantGenerator(), limit), limit,
                         [h.again(restart_errored) for h in held if not h.ended], [h.made for h in held],
                         len(held))
-    alg = SearchThenRepeat(search, CHOOSE, limit, records, restart_errored)
+    choose = RepeatBest(folder or tempfile.mkdtemp(), to_dict(CFG))
+    alg = SearchThenRepeat(search, choose, limit, records, restart_errored)
     alg.set_search_properties("knn_acc", "max", GRID)
     alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
                                        resources_per_trial={"cpu": 1})])
@@ -59,7 +72,10 @@ def _drain(alg) -> list[Trial]:
 
 
 def _end(alg, trial: Trial, **result) -> None:
-    """What Tune does when a trial ends: its last result, flattened, to the search algorithm."""
+    """What Tune does when a trial ends: its last result, flattened, to the search algorithm (a search
+    trial's record says it completed)."""
+    if REPEAT not in trial.config:
+        record(alg.choose.folder, trial)
     trial.set_status(Trial.TERMINATED)
     value = VALUE.get(trial.config.get("train.lr"), 0.0)
     trial.run_metadata.last_result = {"knn_acc": value, "epoch": 3, **result, "config": trial.config}
@@ -88,7 +104,7 @@ def test_the_repeat_starts_when_every_search_trial_has_ended_and_repeats_the_bes
     assert alg.is_finished() and alg.runs is not None and len(alg.runs) == 4
     for t in rest:
         _end(alg, t, knn_acc=0.0)  # a repeat run's result never reaches the search's own algorithm
-    assert len(alg._ended) == 4
+    assert len(alg._repeat_ended) == 4 and not alg._search_live
 
 
 def test_a_search_trial_still_running_holds_the_repeat_back():
@@ -101,17 +117,21 @@ def test_a_search_trial_still_running_holds_the_repeat_back():
     assert [t.config[REPEAT]["train.lr"] for t in _drain(alg)] == [0.2, 0.2, 0.3, 0.3]
 
 
-def test_no_repeat_asked_finishes_with_the_search_and_failed_trials_are_never_repeated():
+def test_no_repeat_asked_finishes_with_the_search_and_failed_trials_are_never_repeated(tmp_path):
     cfg = from_dict({"search": {"metric": "knn_acc", "repeat_best": {"top": 0}}})
-    alg = SearchThenRepeat(limited(VariantGenerator(), 0), RepeatBest(to_dict(cfg)), 0)
+    alg = SearchThenRepeat(limited(VariantGenerator(), 0), RepeatBest(str(tmp_path / "a"), to_dict(cfg)), 0)
     alg.add_configurations([Experiment("exp", run=_trainable, config=GRID, storage_path=tempfile.mkdtemp(),
                                        resources_per_trial={"cpu": 1})])
     for t in _drain(alg):
         _end(alg, t)
     assert _drain(alg) == [] and alg.is_finished() and alg.runs == []
-    ended = [SimpleNamespace(config={"train.lr": 0.2}, metrics={"knn_acc": 0.99}, error="the trial errored"),
-             SimpleNamespace(config={"train.lr": 0.1}, metrics={"knn_acc": 0.5}, error=None)]
-    assert best_configs(ended, CFG) == [{"train.lr": 0.1}]
+    errored, finished = (Trial("_trainable", config={"train.lr": lr}, trial_id=f"t{lr}", stub=True)
+                         for lr in (0.2, 0.1))
+    record(str(tmp_path / "b"), errored, "failed")  # it reached the best value, then failed: not repeated
+    record(str(tmp_path / "b"), finished)
+    runs, finished = RepeatBest(str(tmp_path / "b"), to_dict(CFG))()
+    assert finished and [r[REPEAT] for r in runs] == [{"train.lr": 0.1, "train.seed": 7},
+                                                      {"train.lr": 0.1, "train.seed": 8}]
 
 
 @pytest.mark.parametrize("when", ["before_the_repeat", "during_the_repeat"])
@@ -128,7 +148,7 @@ def test_resumed_no_repeat_run_is_made_twice_none_is_lost_and_an_unfinished_one_
                       [held(repeats[0], "completed"), *(held(t, "running") for t in repeats[1:3])] if repeats
                       else [])
 
-    resumed = _search(limit=4, records=records)
+    resumed = _search(limit=4, records=records, folder=alg.choose.folder)
     made = _drain(resumed)
     runs = [{REPEAT: {"train.lr": lr, "train.seed": seed}} for lr in (0.2, 0.3) for seed in (7, 8)]
     assert resumed.phase == "repeat" and resumed.runs == runs
@@ -148,7 +168,7 @@ def test_resumed_no_repeat_run_is_made_twice_none_is_lost_and_an_unfinished_one_
 
 def test_the_searchs_scheduler_never_stops_a_repeat_run():
     asha = ASHAScheduler(time_attr="epoch", max_t=4, grace_period=1, reduction_factor=2)
-    _, sched = search_algorithm(_search(), CHOOSE, 2, asha)
+    _, sched = search_algorithm(_search(), RepeatBest(tempfile.mkdtemp(), to_dict(CFG)), 2, asha)
     sched.set_search_properties("knn_acc", "max")
     good = Trial("_trainable", config={"train.lr": 0.2}, trial_id="s1", stub=True)
     weak = Trial("_trainable", config={"train.lr": 0.1}, trial_id="s2", stub=True)
@@ -192,8 +212,10 @@ def test_an_errored_trial_a_resume_makes_again_holds_the_repeat_back_until_it_ha
     a, b, c, d = _drain(alg)
     records = Records({None: [held(a, "completed"), held(b, "completed"), held(c, "completed"),
                               held(d, "failed")]})
+    for t, status in ((a, "completed"), (b, "completed"), (c, "completed"), (d, "failed")):
+        record(alg.choose.folder, t, status)
 
-    resumed = _search(limit=4, records=records, restart_errored=restart_errored)
+    resumed = _search(limit=4, records=records, restart_errored=restart_errored, folder=alg.choose.folder)
     (rerun,) = _drain(resumed)
     assert {k: v for k, v in rerun.config.items() if k != RESUME} == d.config
     assert rerun.config[RESUME]["folder"] == d.trial_id
@@ -202,13 +224,12 @@ def test_an_errored_trial_a_resume_makes_again_holds_the_repeat_back_until_it_ha
     _end(resumed, rerun)  # lr 0.4 ends at 0.6 this time
     repeats = _drain(resumed)
     assert [t.config[REPEAT]["train.lr"] for t in repeats] == [0.2, 0.2, 0.3, 0.3]
-    assert sorted(e.config["train.lr"] for e in resumed._ended.values() if e.error is None) == [
-        0.1, 0.2, 0.3, 0.4]
+    assert not resumed._search_live and resumed.held == {"search": 3, "repeat": 0}
 
 
-def test_one_ranking_for_tune_results_and_records():
-    """`ranked`, the ranking `best_configs` (Tune's results) and `top_of` (records) share: best first
-    by `mode`, ties to the first made, each configuration once by its signature, at most `top` per group."""
+def test_one_ranking_of_the_records():
+    """`ranked`, the ranking of `top_of` (the records) that every chooser reads: best first by `mode`, ties
+    to the first made, each configuration once by its signature, at most `top` per group."""
     from augtune.search.choosers import ranked
 
     scored = [(0.5, {"lr": 1, "m": "a"}), (0.9, {"lr": 2, "m": "a"}), (0.9, {"lr": 3, "m": "b"}),

@@ -175,45 +175,47 @@ def test_real_search_then_status_and_export(tmp_path):
     assert "| byol |" in export.stdout and "(2)" in export.stdout and "raw" in export.stdout
 
 
-def test_best_configs_picks_the_top_distinct_parameter_sets_per_group():
-    from types import SimpleNamespace
+def _repeated(folder: Path, search: dict, trials: list[tuple[dict, float, str]]) -> list[dict]:
+    """What a search's repeat (`choosers.RepeatBest`) runs, once per seed, from its trials' records in
+    `folder`: (parameters, the last value of knn_acc, status) of each, in the order they were made."""
+    from augtune.config import from_dict, to_dict
+    from augtune.records import REPEAT
+    from augtune.search.choosers import RepeatBest
 
-    from augtune.config import from_dict
-    from augtune.search.choosers import best_configs
-
-    def result(base, lr, acc, error=None):
-        return SimpleNamespace(
-            config={"method.base": base, "train.lr": lr}, metrics={"knn_acc": acc}, error=error
-        )
-
-    results = [result("simclr", 1, 0.9), result("simclr", 2, 0.95), result("byol", 3, 0.8),
-               result("byol", 4, 0.99, error=RuntimeError("nan")), result("simclr", 2, 0.94)]
-    cfg = from_dict({"search": {"repeat_best": {"top": 2}}})
-    assert best_configs(results, cfg) == [{"method.base": "simclr", "train.lr": 2},
-                                          {"method.base": "simclr", "train.lr": 1}]
-    cfg = from_dict({"search": {"repeat_best": {"top": 1, "per": "method.base"}}})
-    assert best_configs(results, cfg) == [{"method.base": "simclr", "train.lr": 2},
-                                          {"method.base": "byol", "train.lr": 3}]
-    cfg = from_dict({"search": {"repeat_best": {"top": 1}, "mode": "min"}})
-    assert best_configs(results, cfg) == [{"method.base": "byol", "train.lr": 3}]
+    for i, (params, acc, status) in enumerate(trials):
+        (folder / f"t{i}").mkdir(parents=True)
+        (folder / f"t{i}" / "record.json").write_text(json.dumps(
+            {"status": status, "params": params, "epochs": [{"epoch": 1, "knn_acc": acc}]}))
+    runs, finished = RepeatBest(str(folder), to_dict(from_dict({"search": search})))()
+    assert finished and all(r[REPEAT]["train.seed"] == 1 for r in runs)
+    return [{k: v for k, v in r[REPEAT].items() if k != "train.seed"} for r in runs]
 
 
-def test_best_configs_repeats_once_what_differs_only_in_keys_the_run_never_reads():
-    from types import SimpleNamespace
+def test_the_repeat_takes_the_top_distinct_parameter_sets_per_group(tmp_path):
+    def trial(base, lr, acc, status="completed"):
+        return {"method.base": base, "train.lr": lr}, acc, status
 
-    from augtune.config import from_dict
-    from augtune.search.choosers import best_configs
+    trials = [trial("simclr", 1, 0.9), trial("simclr", 2, 0.95), trial("byol", 3, 0.8),
+              trial("byol", 4, 0.99, "failed"), trial("simclr", 2, 0.94), trial("byol", 5, 0.5, "stopped")]
+    seeds = {"seeds": [1]}
+    assert _repeated(tmp_path / "a", {"repeat_best": {"top": 2, **seeds}}, trials) == [
+        {"method.base": "simclr", "train.lr": 2}, {"method.base": "simclr", "train.lr": 1}]
+    assert _repeated(tmp_path / "b", {"repeat_best": {"top": 1, "per": "method.base", **seeds}}, trials) == [
+        {"method.base": "simclr", "train.lr": 2}, {"method.base": "byol", "train.lr": 3}]
+    assert _repeated(tmp_path / "c", {"repeat_best": {"top": 1, **seeds}, "mode": "min"}, trials) == [
+        {"method.base": "byol", "train.lr": 5}]  # stopped early by the scheduler: it ended, and counts
 
-    def result(augment, mu, acc):
-        return SimpleNamespace(config={"method.augment": augment, "pinda.mu": mu}, metrics={"knn_acc": acc},
-                               error=None)
 
-    results = [result(["pinda"], "zero", 0.9), result(["pinda"], "learned", 0.8),
-               result(["clae"], "zero", 0.7), result(["clae"], "learned", 0.75)]  # CLAE never reads pinda.mu
-    cfg = from_dict({"search": {"repeat_best": {"top": 10}}})
-    assert best_configs(results, cfg) == [{"method.augment": ["pinda"], "pinda.mu": "zero"},
-                                          {"method.augment": ["pinda"], "pinda.mu": "learned"},
-                                          {"method.augment": ["clae"], "pinda.mu": "learned"}]
+def test_the_repeat_runs_once_what_differs_only_in_keys_the_run_never_reads(tmp_path):
+    def trial(augment, mu, acc):
+        return {"method.augment": augment, "pinda.mu": mu}, acc, "completed"
+
+    trials = [trial(["pinda"], "zero", 0.9), trial(["pinda"], "learned", 0.8),
+              trial(["clae"], "zero", 0.7), trial(["clae"], "learned", 0.75)]  # CLAE never reads pinda.mu
+    assert _repeated(tmp_path, {"repeat_best": {"top": 10, "seeds": [1]}}, trials) == [
+        {"method.augment": ["pinda"], "pinda.mu": "zero"},
+        {"method.augment": ["pinda"], "pinda.mu": "learned"},
+        {"method.augment": ["clae"], "pinda.mu": "learned"}]
 
 
 def test_a_search_evaluates_its_metric_only_where_the_scheduler_reads_it(tmp_path):

@@ -1,14 +1,13 @@
 """The repeat's choosers: which runs of the best configurations a Tune run repeats on new seeds.
 
-Every chooser has one shape (`repeat.Chooser`): `choose(ended search trials, ended repeat trials)` returns
-(the runs its next decision waits for, whether it has finished), each run a trial config (`{REPEAT:
-parameters}`, with its entrant in a compare). A fixed repeat (`RepeatBest`, a search's; `BestOfEach`, a
-compare's) answers all its runs and finished at once; a repeat in rounds (a compare's race,
-`RaceOfFinalists`) is asked again each time a repeat trial has ended, until it says it has finished. Its
-answer is a function of the ended trials and the records alone, so a resumed run asks it with the trials
-the records hold and continues where it stopped (`repeat.SearchThenRepeat`). One ranking (`ranked`) orders
-search trials for all of them: `best_configs` over Tune's results, `top_of` over the records on disk.
-Plain data, no Ray: Tune keeps a copy of each in its run.
+Every chooser has one shape (`repeat.Chooser`): `choose(ended repeat trials)` returns (the runs its next
+decision waits for, whether it has finished), each run a trial config (`{REPEAT: parameters}`, with its
+entrant in a compare). Each reads the search trials from their records on disk, ranked one way (`top_of`):
+a fixed repeat (`RepeatBest`, a search's; `BestOfEach`, a compare's) answers all its runs and finished at
+once; a repeat in rounds (a compare's race, `RaceOfFinalists`) is asked again each time a repeat trial has
+ended, until it says it has finished. Its answer is a function of the records and the ended repeat trials
+alone, so a resumed run asks it with the trials the records hold and continues where it stopped
+(`repeat.SearchThenRepeat`). Plain data, no Ray: Tune keeps a copy of each in its run.
 """
 from __future__ import annotations
 
@@ -16,18 +15,18 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from augtune.config import from_dict, run_signature, to_dict
-from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, read_record, searched_schedule
+from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, searched_schedule
+from augtune.search.resume import ENDED, records_in
 
 if TYPE_CHECKING:
     from augtune.search.compare import ComparePlan
     from augtune.search.repeat import Ended
 
-__all__ = ["BestOfEach", "FirstSeedFigures", "RaceOfFinalists", "RepeatBest", "best_configs", "ranked",
-           "repeat_runs", "top_of"]
+__all__ = ["BestOfEach", "FirstSeedFigures", "RaceOfFinalists", "RepeatBest", "ranked", "repeat_runs",
+           "top_of"]
 
 
 def ranked(scored: list[tuple[float, dict]], mode: str, top: int, signature: Callable[[dict], Any],
@@ -36,8 +35,7 @@ def ranked(scored: list[tuple[float, dict]], mode: str, top: int, signature: Cal
     ASHA-stopped trial's at its last rung), as Tune ranks them: the parameter sets of `scored` ((value,
     parameters) in the order the trials were made: ties go to the first), best first (`mode`), each
     configuration once (`signature`: what its run reads, so two sets that differ only in keys the run never
-    reads, `pinda.mu` of a CLAE run, are one), at most `top` of each `group`. `best_configs` ranks Tune's
-    results with it, `top_of` the records on disk."""
+    reads, `pinda.mu` of a CLAE run, are one), at most `top` of each `group`."""
     out: list[dict] = []
     seen: list = []
     taken: dict = {}
@@ -51,73 +49,63 @@ def ranked(scored: list[tuple[float, dict]], mode: str, top: int, signature: Cal
     return out
 
 
-def best_configs(ended: list, cfg) -> list[dict]:
-    """The `repeat_best.top` best distinct parameter sets of the trials that ended well (of each value of
-    `repeat_best.per`, when given: the best learning rate of every method, say), `ranked`. `ended`:
-    objects with `config`, `metrics` and `error` (`Ended`, or Tune's results)."""
-    rb, metric = cfg.search.repeat_best, cfg.search.metric
-
-    def signature(params: dict):
-        base = params.get("method.base", cfg.method.base)
-        return run_signature(params, "+".join([base, *params.get("method.augment", cfg.method.augment)]))
-
-    scored = [(r.metrics[metric], {k: v for k, v in r.config.items() if k != "train.seed"})
-              for r in ended if r.error is None and r.metrics and metric in r.metrics]
-    return ranked(scored, cfg.search.mode, rb.top, signature,
-                  (lambda params: repr(params.get(rb.per))) if rb.per else (lambda params: None))
-
-
 @dataclass(frozen=True)
 class RepeatBest:
-    """The repeat runs of a search (`search.repeat_best`): its best configurations, once per seed."""
+    """The repeat runs of a search (`search.repeat_best`): its `top` best configurations (of each value of
+    `per`, when given: the best learning rate of every method, say), from the records of its trials in
+    `folder` (`top_of`), once per seed. Plain data."""
 
-    cfg: dict  # the search's config, as a dict (plain data)
+    folder: str  # where the search's trials keep their records
+    cfg: dict  # the search's config, as a dict
 
-    def __call__(self, ended: list[Ended], repeats: list[Ended] = ()) -> tuple[list[dict], bool]:
+    def __call__(self, repeats: list[Ended] = ()) -> tuple[list[dict], bool]:
         """(every repeat run, True): a fixed repeat is chosen once, from the search trials alone."""
         cfg = from_dict(self.cfg)
-        rb = cfg.search.repeat_best
-        if rb.top == 0:
-            return [], True
-        return [{REPEAT: {**params, "train.seed": seed}} for params in best_configs(ended, cfg)
-                for seed in rb.seeds], True
+        s, rb = cfg.search, cfg.search.repeat_best
+
+        def method(params: dict) -> str:  # the method a trial ran (a search may vary it)
+            return "+".join([params.get("method.base", cfg.method.base),
+                             *params.get("method.augment", cfg.method.augment)])
+
+        best = top_of(self.folder, s.metric, s.mode, rb.top, method, rb.per) if rb.top else []
+        return [{REPEAT: {**params, "train.seed": seed}} for params in best for seed in rb.seeds], True
 
 
-# -- what a compare repeats -------------------------------------------------------------------------
+# -- the search trials' records, ranked; what a compare repeats -----------------------------------
 
-def best_of(folder: Path, metric: str, mode: str) -> Optional[dict]:
-    """The best search trial's parameters, from the records on disk: the last value of `metric` each
-    trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them."""
+def best_of(folder: str, metric: str, mode: str) -> Optional[dict]:
+    """The best search trial's parameters, from the records in `folder` (`top_of`)."""
     top = top_of(folder, metric, mode, 1)
     return top[0] if top else None
 
 
-def top_of(folder: Path, metric: str, mode: str, k: int, label: Optional[str] = None) -> list[dict]:
-    """The parameters of the `k` best search trials, best first, from the records on disk: the last value
-    of `metric` each trial reported (an ASHA-stopped trial's at its last rung), as Tune ranks them; ties go
-    to the first record (by folder name). With `label` (the entrant's method), two trials that differ
-    only in keys that method never reads are one configuration, taken once; so are two PBT trials with
-    the same schedule (whatever values they ended with: the schedule sets them from epoch 1)."""
+def top_of(folder: str, metric: str, mode: str, k: int, label: Any = None, per: Optional[str] = None) \
+        -> list[dict]:
+    """The parameters of the `k` best search trials (of each value of the key `per`, when given), best
+    first, from their records in `folder` (a local folder or a URI): the last value of `metric` each trial
+    that ended reported (an ASHA-stopped trial's at its last rung), as Tune ranks them; ties go to the
+    first record (by folder name). With `label` (the method: its label, or a function of the parameters
+    where a search varies it), two trials that differ only in keys that method never reads are one
+    configuration, taken once; so are two PBT trials with the same schedule (whatever values they ended
+    with: the schedule sets them from epoch 1). The seed is the repeat's own to set."""
     scored = []
-    for path in sorted(folder.glob("*/record.json")):  # ties keep the folders' order
-        try:
-            record = read_record(path)
-        except (OSError, ValueError):
-            continue
-        values = [e[metric] for e in record.get("epochs", []) if isinstance(e.get(metric), (int, float))]
-        if record.get("status") not in ("completed", "stopped") or not values:
-            continue
-        scored.append((values[-1], replayed(record)))
+    for _, record in records_in(str(folder)):  # ties keep the folders' order
+        values = [e[metric] for e in record.get("epochs") or []
+                  if isinstance(e, dict) and isinstance(e.get(metric), (int, float))]
+        if record.get("status") in ENDED and values:
+            scored.append((values[-1], {k: v for k, v in replayed(record).items() if k != "train.seed"}))
 
     def signature(params: dict):
         # a schedule's first step sets its keys from epoch 1 on: a PBT trial's values at the end do not
         # change its replay (a trial that copied its donor at the last epoch is the donor's run again)
         steps = params.get("schedule") or [{}]
         ignore = set(steps[0].get("set", {})) if steps[0].get("epoch") == 1 else set()
-        return (run_signature(params, label, ignore) if label
+        method = label(params) if callable(label) else label
+        return (run_signature(params, method, ignore) if method
                 else {k: v for k, v in params.items() if k not in ignore})
 
-    return ranked(scored, mode, k, signature)
+    return ranked(scored, mode, k, signature, (lambda params: repr(params.get(per))) if per else
+                  (lambda params: None))
 
 
 def replayed(record: dict) -> dict:
@@ -130,17 +118,12 @@ def replayed(record: dict) -> dict:
     return params
 
 
-def epoch_seconds(folder: Path) -> float:
+def epoch_seconds(folder: str) -> float:
     """The mean training time of an epoch over a search's trials (0 when none has reported one). The mean,
     not the median: DiffAug's generator trains in some epochs only, and the median of the main job's
     (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
-    times = []
-    for path in folder.glob("*/record.json"):
-        try:
-            times += [e["epoch_time_s"] for e in read_record(path).get("epochs", [])
-                      if isinstance(e.get("epoch_time_s"), (int, float))]
-        except (OSError, ValueError, AttributeError, TypeError):
-            continue
+    times = [e["epoch_time_s"] for _, record in records_in(str(folder)) for e in record.get("epochs") or []
+             if isinstance(e, dict) and isinstance(e.get("epoch_time_s"), (int, float))]
     return statistics.fmean(times) if times else 0.0
 
 
@@ -150,8 +133,8 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
     then short ones, and no slot idles through a long one at the end (longest processing time first).
     `entrants`: (name, records folder, base, augment) of each."""
     runs = []
-    for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(Path(e[1]))):
-        best = best_of(Path(folder), metric, mode)
+    for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(e[1])):
+        best = best_of(folder, metric, mode)
         if best is None:
             log(f"{name}: no finished search trial; it is left out of the repeat")
             continue
@@ -180,7 +163,7 @@ class BestOfEach:
         s = plan.plans[0].cfg.search
         return cls(entrants_of(plan), s.metric, s.mode, tuple(s.repeat_best.seeds))
 
-    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
+    def __call__(self, repeats: list = ()) -> tuple[list[dict], bool]:
         """(every repeat run, True): chosen once, from the records of the search trials."""
         return repeat_runs(self.entrants, self.metric, self.mode, self.seeds, _say), True
 
@@ -216,7 +199,7 @@ class RaceOfFinalists:
         out = []
         for name, folder, base, augment in self.entrants:
             method = {"method.base": base, "method.augment": list(augment)}
-            top = top_of(Path(folder), self.metric, self.mode, int(self.compare["race"]["finalists"]), name)
+            top = top_of(folder, self.metric, self.mode, int(self.compare["race"]["finalists"]), name)
             if not top:
                 self._once(f"{name}: no finished search trial; it is left out of the race")
             out += [(candidate_id(name, rank), name, {**params, **method})
@@ -235,7 +218,7 @@ class RaceOfFinalists:
         out = {**failed_candidates(records), **flagged_candidates(records)}
         return replay(settings, records, out, self.candidates())
 
-    def __call__(self, ended: list, repeats: list = ()) -> tuple[list[dict], bool]:
+    def __call__(self, repeats: list = ()) -> tuple[list[dict], bool]:
         """(the runs the race's next decision waits for, whether it has stopped), the costliest entrants'
         runs first (`repeat_runs`' reason)."""
         from augtune.analysis.race import due
@@ -247,7 +230,7 @@ class RaceOfFinalists:
             pending = [(c.id, s) for c in state.racing for s in first]
         ran = {(e.config.get(CANDIDATE), e.config[REPEAT].get("train.seed")) for e in repeats}
         pending = [cs for cs in pending if cs not in ran]  # a run that ended (or failed) is never asked again
-        cost = {name: epoch_seconds(Path(folder)) for name, folder, _, _ in self.entrants}
+        cost = {name: epoch_seconds(folder) for name, folder, _, _ in self.entrants}
         pending.sort(key=lambda cs: -cost.get(state.candidate(cs[0]).entrant, 0.0))  # stable
         self._report(state)
         seeds = state.settings.seeds

@@ -3,24 +3,21 @@
 The repeat phase re-runs the best configurations of a search on new seeds, in the search's own Tune run
 (no trial process starts again: ~7 s of CPU each here, before a trial could train): `SearchThenRepeat`
 hands out the search algorithm's trials until the search has made all of them and every one has ended,
-then asks `choose` for the repeat runs (from the ended trials) and hands those out, as trials of the same
-run, which the trial processes the search started take in turn (`reuse_actors`).
+then asks `choose` for the repeat runs (from the ended trials' records) and hands those out, as trials of
+the same run, which the trial processes the search started take in turn (`reuse_actors`).
 
 A repeat trial's config is its whole parameter set under `REPEAT` (and, in a compare, its entrant):
 what trains reads nothing of the search's space. Its record goes to the repeat folder (`repeat_best/`,
 a compare's `repeat/`), Tune's files of it to the run's own folder. The scheduler never stops a repeat
 trial early (`multiplex.EntrantsScheduler` routes it to FIFO).
 
-A resume (`augtune.search.resume`) gives it what the records hold: the search trials and the repeat
-runs that ended (what the repeat is chosen from, the same as before: `choose` is deterministic) and the
-repeat runs that did not, which are made again, from their checkpoints, when `choose` names them; no
-run that ended is made again.
-
-The repeat runs are its chooser's (`augtune.search.choosers`: one shape, `choose(ended search trials,
-ended repeat trials) -> (the runs due, finished)`). A chooser that has not finished (a compare's race) is
-asked again each time a repeat trial has ended; as its answer is a function of the ended trials alone, a
-resumed run continues the race where it stopped: an ended run is never made again, a run left
-unfinished is made again from its checkpoint, and only what is missing is made anew.
+The repeat runs are its chooser's (`augtune.search.choosers`: one shape, `choose(ended repeat trials) ->
+(the runs due, finished)`, reading the search trials from their records). A chooser that has not
+finished (a compare's race) is asked again each time a repeat trial has ended. A resume
+(`augtune.search.resume`) gives it the repeat runs the records hold: as a chooser's answer is a function
+of the records and the ended repeat runs alone, the repeat is chosen as before and continues where it
+stopped: an ended run is never made again, a run left unfinished is made again from its checkpoint, and
+only what is missing is made anew.
 """
 from __future__ import annotations
 
@@ -31,23 +28,22 @@ from typing import Optional, Protocol
 from ray.tune.search import SearchAlgorithm
 
 from augtune.records import REPEAT
-from augtune.search.resume import RESUME
 from augtune.search.searchers import Wrapping
 
 
 class Chooser(Protocol):
-    """What the repeat runs: `(ended search trials, ended repeat trials) -> (the runs due, finished)`
-    (`augtune.search.choosers`)."""
+    """What the repeat runs: `(ended repeat trials) -> (the runs due, finished)` (`augtune.search.choosers`;
+    the search trials it reads from their records)."""
 
-    def __call__(self, ended: list[Ended], repeats: list[Ended]) -> tuple[list[dict], bool]: ...
+    def __call__(self, repeats: list[Ended]) -> tuple[list[dict], bool]: ...
 
 
 @dataclass(frozen=True)
 class Ended:
-    """A search trial that ended, as the repeat is chosen from it (the shape of Tune's `Result`)."""
+    """A repeat run that ended, as a race decides from it (the shape of Tune's `Result`)."""
 
     trial_id: str
-    config: dict  # the trial's Tune config: its parameters (searched and constant)
+    config: dict  # the run's Tune config (`{REPEAT: parameters}`, ...)
     metrics: dict  # its last result
     error: Optional[str] = None  # why it failed; None when it ended well (completed, or stopped early)
 
@@ -63,9 +59,7 @@ class SearchThenRepeat(Wrapping):
                  restart_errored: bool = False):
         self.search, self.choose, self.max_concurrent = search, choose, max_concurrent
         self._experiment = None  # Tune's experiment: a repeat trial is made from its spec
-        self._configs: dict[str, dict] = {}  # search trial id -> its config
         self._search_live: set[str] = set()
-        self._ended: dict[str, Ended] = {}
         self.runs: Optional[list[dict]] = None  # the repeat trials' configs, once chosen
         self._made: dict[int, str] = {}  # index in runs -> trial id
         self._repeat_ids: set[str] = set()  # every repeat trial Tune holds
@@ -84,19 +78,16 @@ class SearchThenRepeat(Wrapping):
             self._resume(records)
 
     def _resume(self, records) -> None:
-        """Start from what the records hold: the ended search trials (in their folders' order, as
-        `choosers.top_of` ranks them) and repeat runs; the repeat, once begun, is chosen again. `held`: how
-        many of each phase's runs had ended (the progress line counts them done)."""
-        ended = sorted((h for held in records.search.values() for h in held if h.ended), key=lambda h: h.name)
-        for h in ended:
-            self._configs[h.name] = dict(h.config)
-            self._ended[h.name] = Ended(h.name, dict(h.config), dict(h.metrics))
+        """Start from the repeat runs the records hold (the chooser reads the search trials' records
+        itself): the repeat, once begun, is chosen again. `held`: how many of each phase's runs had ended
+        (the progress line counts them done)."""
         for h in records.repeats:
             if h.ended:
                 self._repeat_ended[h.name] = Ended(h.name, dict(h.config), dict(h.metrics))
             else:
                 self._again.append(h)
-        self.held = {"search": len(ended), "repeat": len(self._repeat_ended)}
+        ended = sum(h.ended for held in records.search.values() for h in held)
+        self.held = {"search": ended, "repeat": len(self._repeat_ended)}
 
     # -- where it stands -------------------------------------------------------------------------------
 
@@ -128,8 +119,6 @@ class SearchThenRepeat(Wrapping):
             if not self.search.is_finished():
                 trial = self.search.next_trial()
                 if trial is not None:
-                    self._configs[trial.trial_id] = {k: copy.deepcopy(v) for k, v in trial.config.items()
-                                                     if k != RESUME}
                     self._search_live.add(trial.trial_id)
                     return trial
             if not self.search_finished:
@@ -145,20 +134,13 @@ class SearchThenRepeat(Wrapping):
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         """`result`: the trial's last result, flattened by Tune (`config/<key>` entries)."""
-        self._repeat_live.discard(trial_id)
-        why = "the trial errored" if error else None
-        result = dict(result or {})
-        if trial_id in self._repeat_ids or (trial_id not in self._configs
-                                            and any(k.startswith(f"config/{REPEAT}") for k in result)):
-            config = self._repeat_configs.get(trial_id) or _config_of(result)
-            self._repeat_ended[trial_id] = Ended(trial_id, config, result, why)
+        if trial_id in self._repeat_ids:
+            self._repeat_live.discard(trial_id)
+            self._repeat_ended[trial_id] = Ended(trial_id, self._repeat_configs[trial_id], dict(result or {}),
+                                                 "the trial errored" if error else None)
             self._stale = True  # a repeat in rounds that has not finished decides again
             return
-        if trial_id not in self._configs:  # a search trial this algorithm never saw made
-            self._configs[trial_id] = {k[len("config/"):]: v for k, v in result.items()
-                                       if k.startswith("config/") and k != f"config/{RESUME}"}
         self._search_live.discard(trial_id)
-        self._ended[trial_id] = Ended(trial_id, self._configs[trial_id], result, why)
         self.search.on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
@@ -166,15 +148,11 @@ class SearchThenRepeat(Wrapping):
 
     # -- the repeat's trials ------------------------------------------------------------------------------
 
-    def _ended_in_order(self) -> list[Ended]:
-        """The search trials that ended, in the order they were made (ties in the metric go to the first)."""
-        return [self._ended[t] for t in self._configs if t in self._ended]
-
     def _choose(self) -> None:
         """Ask `choose` for the repeat runs its next decision waits for, keeping every run it asked for before
         in `runs` (their indices are what `_made` knows)."""
         self._stale = False
-        due, finished = self.choose(self._ended_in_order(), list(self._repeat_ended.values()))
+        due, finished = self.choose(list(self._repeat_ended.values()))
         self.runs = list(self.runs or [])
         self.runs += [run for run in due if run not in self.runs]
         self._wanted = [self.runs.index(run) for run in due]
@@ -214,15 +192,3 @@ class SearchThenRepeat(Wrapping):
         seed = config[REPEAT].get("train.seed", "?")
         return trial_from_spec(self._experiment.spec, config, f"{index + 1}_repeat_seed={seed}")
 
-
-def _config_of(result: dict) -> dict:
-    """A trial's config from its last result as Tune flattens it (`config/_repeat/train.seed`)."""
-    out: dict = {}
-    for key, value in result.items():
-        if key.startswith("config/"):
-            *path, last = key[len("config/"):].split("/")
-            node = out
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
-    return out
