@@ -370,28 +370,31 @@ def read_record(path: Path) -> dict:
     return data
 
 
-def read_search_file(exp_dir: Path) -> dict:
-    """An experiment folder's SEARCH_FILE: {"config": ..., "base": ..., "name": ..., "storage": ...}.
+def read_search_file(exp_dir, text: str | None = None) -> dict:
+    """An experiment folder's SEARCH_FILE: {"config": ..., "base": ..., "name": ..., "storage": ...}; `text`:
+    the file's text, read elsewhere (a URI's, which `exp_dir` names).
 
     A missing, corrupt or foreign file is a ValueError with one line naming it (never a traceback):
     `augtune status` and `augtune resume` read it before anything else.
     """
     from augtune.config import ConfigError, safe_load
 
-    path = Path(exp_dir) / SEARCH_FILE
-    if not path.is_file():
-        raise ValueError(f"{Path(exp_dir)}: not an augtune search folder (no {SEARCH_FILE})")
+    where = f"{str(exp_dir).rstrip('/')}/{SEARCH_FILE}"
     try:
-        data = safe_load(path.read_text(encoding="utf-8"), str(path))
+        if text is None:
+            if not (Path(exp_dir) / SEARCH_FILE).is_file():
+                raise ValueError(f"{Path(exp_dir)}: not an augtune search folder (no {SEARCH_FILE})")
+            text = (Path(exp_dir) / SEARCH_FILE).read_text(encoding="utf-8")
+        data = safe_load(text, where)
     except (ConfigError, UnicodeDecodeError, OSError) as e:
-        raise ValueError(f"{path}: cannot be read ({str(e).splitlines()[0][:160]})") from None
+        raise ValueError(f"{where}: cannot be read ({str(e).splitlines()[0][:160]})") from None
     search = data.get("config", {}).get("search") if isinstance(data, dict) else None
     if (
         not isinstance(data.get("base") if isinstance(data, dict) else None, dict)
         or not isinstance(search, dict)
         or not {"metric", "mode"} <= set(search)
     ):
-        raise ValueError(f"{path}: not an augtune search file (config, search and base sections expected)")
+        raise ValueError(f"{where}: not an augtune search file (config, search and base sections expected)")
     return data
 
 

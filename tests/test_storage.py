@@ -169,8 +169,8 @@ def test_optuna_study_uploaded_after_every_write_continues_on_another_machine(bu
 
 
 def test_records_tune_ended_are_settled_in_the_bucket(bucket):
-    """SettleRecords reads and writes a trial's record through Tune's storage file system: in a bucket, a
-    trial the scheduler stopped says `stopped`, an errored one `failed`; a completed record is left alone."""
+    """SettleRecords reads and writes a trial's record through `storage`: in a bucket, a trial the scheduler
+    stopped says `stopped`, an errored one `failed`; a completed record is left alone."""
     from types import SimpleNamespace
 
     from augtune.search.callbacks import SettleRecords
@@ -183,7 +183,7 @@ def test_records_tune_ended_are_settled_in_the_bucket(bucket):
         return SimpleNamespace(storage=SimpleNamespace(storage_filesystem=fs), path=f"{path}/{name}",
                                error_file=None)
 
-    settle = SettleRecords()
+    settle = SettleRecords({None: exp}, f"{exp}/repeat_best")
     settle.on_trial_complete(0, [], trial("stopped_early", "running"))
     settle.on_trial_error(0, [], trial("errored", "running"))
     settle.on_trial_complete(0, [], trial("finished", "completed"))

@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.fs
 from ray.tune import Callback
 
-from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, read_record, write_record
+from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now
 from augtune.search.resume import RESULT_FILE
 
 
@@ -62,25 +61,27 @@ class SettleRecords(Callback):
     `stopped` (not `running` forever), an errored one `failed` with Tune's reason. A record that
     already says how it ended (completed, or failed with the loop's own reason) is left alone.
 
-    A trial's record is in its folder of the experiment (`trial.path`), or, in a Tune run that several
-    searches share (`augtune.search.multiplex`), in the folder of its own search: `folders[entrant]`; a
-    repeat run's (`augtune.search.repeat`) is in `repeats`."""
+    A trial's record is in the folder of its search, `folders[entrant]` (a search of its own is the
+    entrant None: its Tune run), a repeat run's (`augtune.search.repeat`) in `repeats`, each in a folder
+    named as Tune's folder of the trial; read and written through `storage` (a folder or a URI)."""
 
-    def __init__(self, folders: dict[str, str] | None = None, repeats: str | None = None):
-        self.folders, self.repeats = folders or {}, repeats
-
-    def _where(self, trial) -> str:
-        config = getattr(trial, "config", None) or {}
-        folder = self.repeats if REPEAT in config else self.folders.get(config.get(ENTRANT))
-        return trial.path if folder is None else f"{folder.rstrip('/')}/{Path(trial.path).name}"
+    def __init__(self, folders: dict, repeats: str):
+        self.folders, self.repeats = folders, repeats
 
     def _settle(self, trial, status: str, error: str | None) -> None:
-        where = self._where(trial)
-        record = _read(trial, where)
-        if record is not None and record["status"] == "running":
+        from augtune.search.storage import read_bytes, write_bytes
+
+        config = getattr(trial, "config", None) or {}
+        where = f"{(self.repeats if REPEAT in config else self.folders[config.get(ENTRANT)]).rstrip('/')}/" \
+                f"{Path(trial.path).name}"
+        try:
+            record = json.loads(read_bytes(where, RECORD_FILE) or b"null")
+        except (OSError, ValueError):  # cut short, or a store out of reach: nothing to settle
+            return
+        if isinstance(record, dict) and record.get("status") == "running":
             record.update(status=status, error=error, finished=now())
             try:
-                _write(trial, where, record)
+                write_bytes(where, RECORD_FILE, json.dumps(record, indent=1).encode() + b"\n")
             except OSError:  # a full disk: Tune's own state still says how the trial ended
                 pass
 
@@ -106,26 +107,3 @@ def _reason(trial) -> str:
     """The exception line of the trial's error file, or a generic reason."""
     line = error_line(Path(trial.error_file)) if trial.error_file else ""
     return line or "the trial errored (see its error.txt)"
-
-
-# A trial's record is in its folder of the experiment (`trial.path` on the storage's file system), where
-# the trial itself writes it (augtune.trainables.ray_trainable.TrialFolder), not in Tune's staging copy.
-
-def _read(trial, where: str) -> dict | None:
-    fs = trial.storage.storage_filesystem
-    try:
-        if isinstance(fs, pyarrow.fs.LocalFileSystem):
-            return read_record(Path(where))
-        with fs.open_input_stream(f"{where}/{RECORD_FILE}") as f:
-            return json.loads(f.read().decode())
-    except (OSError, ValueError):
-        return None
-
-
-def _write(trial, where: str, record: dict) -> None:
-    fs = trial.storage.storage_filesystem
-    if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        write_record(Path(where), record)
-    else:
-        with fs.open_output_stream(f"{where}/{RECORD_FILE}") as f:
-            f.write((json.dumps(record, indent=1) + "\n").encode())

@@ -17,7 +17,7 @@ from typing import Collection, Optional
 
 from augtune.checks import check_config
 from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
-from augtune.records import read_search_file, write_atomic
+from augtune.records import read_search_file
 from augtune.search.storage import is_uri
 
 DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
@@ -298,9 +298,7 @@ def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False)
 
 
 def _read_search_file(location: str) -> dict:
-    """`records.read_search_file` of a local folder, or of a URI's copy (its messages name the URI)."""
-    import tempfile
-
+    """`records.read_search_file` of a local folder, or of a URI (its messages name the URI)."""
     from augtune.records import SEARCH_FILE
     from augtune.search.storage import read_text
 
@@ -309,12 +307,7 @@ def _read_search_file(location: str) -> dict:
     text = read_text(location, SEARCH_FILE)
     if text is None:
         raise ValueError(f"{location}: not an augtune search folder (no {SEARCH_FILE})")
-    with tempfile.TemporaryDirectory(prefix="augtune-plan-") as tmp:
-        write_atomic(Path(tmp) / SEARCH_FILE, text)
-        try:
-            return read_search_file(Path(tmp))
-        except ValueError as e:
-            raise ValueError(str(e).replace(tmp, location)) from None
+    return read_search_file(location, text)
 
 
 def trials_of(plan: SearchPlan) -> int:

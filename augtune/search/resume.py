@@ -192,12 +192,14 @@ def newest_checkpoint(folder: str, inside: list[str], lineage: Optional[list] = 
     lag: every epoch is then logged once (the ones after it are trained again). When the log holds none of
     them, the oldest, the smallest gap, which the trial's log gets from its record when it starts
     (`unlogged_results`); (0, None) when there is none."""
+    from augtune.search.storage import read_bytes
+
     complete = []
     for n in inside:
         record = checkpoint_record(f"{folder}/{n}")
         if record is not None and (lineage is None or list(record.get("lineage") or []) == lineage):
             complete.append((len(record["epochs"]), _index(n), f"{folder}/{n}"))
-    logged = logged_epoch(folder)
+    logged = last_logged(read_bytes(folder, RESULT_FILE) or b"")  # Tune's result log of the trial
     oldest = min(complete, default=(0, -1, None))
     epoch, _, path = max((c for c in complete if c[0] <= logged), default=oldest)
     return epoch, path
@@ -210,16 +212,8 @@ def whole_lines(log: bytes) -> bytes:
     return log[: log.rfind(b"\n") + 1]
 
 
-def logged_epoch(folder: str) -> int:
-    """The last epoch in Tune's result log of a trial (`result.json`), of its whole lines (`whole_lines`);
-    0 when there is none."""
-    from augtune.search.storage import read_bytes
-
-    return last_logged(read_bytes(folder, RESULT_FILE) or b"")
-
-
 def last_logged(log: bytes) -> int:
-    """The last epoch a result log's whole lines hold; 0 when there is none."""
+    """The last epoch a result log's whole lines hold (`whole_lines`); 0 when there is none."""
     epochs = [0]
     for line in whole_lines(log).splitlines():
         try:

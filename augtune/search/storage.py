@@ -90,13 +90,8 @@ def exists(location: str, name: str = "") -> bool:
 
 def read_text(location: str, name: str) -> Optional[str]:
     """The text of file `name` in the folder at `location`, or None when there is none."""
-    import pyarrow.fs
-
-    fs, path = filesystem(location)
-    if _info(fs, f"{path}/{name}").type != pyarrow.fs.FileType.File:
-        return None
-    with fs.open_input_stream(f"{path}/{name}") as f:
-        return f.read().decode("utf-8", errors="replace")
+    data = read_bytes(location, name)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def read_bytes(location: str, name: str) -> Optional[bytes]:

@@ -65,11 +65,11 @@ class TuneRun:
         return read_records(self.path, self.searches, self.repeats, compare=None not in self.searches)
 
 
-def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: Optional[dict] = None,
-                repeats: Optional[str] = None):
-    """`folders`, `repeats`: where the records of a Tune run's trials are when not in Tune's folder of them:
-    a compare's entrants' searches, the repeat runs (`SettleRecords`). A compare's Tune run (`folders`
-    given) is nested in its experiment, and logged as it."""
+def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: dict, repeats: str,
+               nested: bool = False):
+    """`folders`, `repeats`: where the records of a Tune run's trials are (`SettleRecords`): each search's
+    (by entrant; a search's own, None, is its Tune run) and the repeat runs'. A compare's Tune run
+    (`nested`) is a part of its experiment, and logged as it."""
     from ray import tune
 
     from augtune.search.callbacks import SettleRecords
@@ -80,7 +80,7 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: O
         failure_config=tune.FailureConfig(max_failures=cfg.search.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=scheduling(cfg).checkpoints_kept(cfg)),
         callbacks=[SettleRecords(folders, repeats),
-                   *logger_callbacks(cfg, storage, name, nested=bool(folders)), *callbacks],
+                   *logger_callbacks(cfg, storage, name, nested=nested), *callbacks],
     )
 
 
@@ -169,7 +169,7 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
     if compare:
         cfg = kept(where.cfg, plan)
         path, repeats = f"{experiment}/{COMPARE_SEARCH}", f"{experiment}/{COMPARE_REPEAT}"
-        name, storage, folders = COMPARE_SEARCH, experiment, searches
+        name, storage = COMPARE_SEARCH, experiment
         resuming = exists(f"{experiment}/{COMPARE_FILE}")
         choose = RaceOfFinalists.of(plan) if plan.cfg.compare.race.enabled else BestOfEach.of(plan)
         on_trial = None
@@ -177,7 +177,7 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
     else:
         cfg = plan.cfg
         path, repeats = experiment, f"{experiment}/{REPEAT_DIR}"
-        name, storage, folders = plan.name, plan.storage, None  # its trials' records are in its Tune run
+        name, storage = plan.name, plan.storage  # its trials' records are in its Tune run
         resuming = exists(f"{experiment}/{SEARCH_FILE}")
         choose = RepeatBest(experiment, to_dict(cfg))
         on_trial = None if cfg.search.repeat_best.top > 0 else on_completed
@@ -208,7 +208,7 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
         log(describe_run(plan, path, conc))
         populations = {key for key, p in plans.items() if scheduling(p.cfg).population}  # live whole
         trials = sum(p.cfg.search.num_samples for p in plans.values())
-        config = run_config(cfg, name, storage, callbacks or [], folders, repeats)
+        config = run_config(cfg, name, storage, callbacks or [], searches, repeats, nested=compare)
         return tuner(trainable, cfg, EntrantsSearch(entrants, conc, populations), choose, conc,
                      EntrantsScheduler(schedulers), trials, config, records, restart_errored)
 
