@@ -677,7 +677,7 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     """Continue an interrupted search or compare (`augtune resume`); a finished one is returned as it is."""
     from augtune.plots import end_of_run_figures
     from augtune.records import is_compare
-    from augtune.search import load_plan, resume_search
+    from augtune.search import load_plan, run_search
     from augtune.search.compare import load_compare
     from augtune.search.experiment import is_finished
     from augtune.search.launch import hold_to_loopback
@@ -687,8 +687,8 @@ def resume(path: Union[str, Path], *, address: Optional[str] = None, restart_err
     if is_finished(exp.path) and not restart_errored:
         return exp
     plan = (load_compare if is_compare(exp.path) else load_plan)(exp.path, address=address)
-    run_job(lambda cb: resume_search(plan, restart_errored=restart_errored, on_completed=end_of_run_figures,
-                                     callbacks=cb),
+    run_job(lambda cb: run_search(plan, restart_errored=restart_errored, on_completed=end_of_run_figures,
+                                  callbacks=cb),
             plan.experiment, plan.plans[0].cfg, verbose)
     return exp
 

@@ -16,7 +16,7 @@ from ray.tune.experiment import Experiment, Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from augtune.config import from_dict, to_dict
-from augtune.search.tune_run import search_algorithm
+from augtune.search.multiplex import EntrantsScheduler
 from augtune.search.choosers import RepeatBest
 from augtune.search.repeat import SearchThenRepeat
 from augtune.search.resume import Held, Records
@@ -168,7 +168,7 @@ def test_resumed_no_repeat_run_is_made_twice_none_is_lost_and_an_unfinished_one_
 
 def test_the_searchs_scheduler_never_stops_a_repeat_run():
     asha = ASHAScheduler(time_attr="epoch", max_t=4, grace_period=1, reduction_factor=2)
-    _, sched = search_algorithm(_search(), RepeatBest(tempfile.mkdtemp(), to_dict(CFG)), 2, asha)
+    sched = EntrantsScheduler({None: asha})  # as `tune_run` gives a search's own
     sched.set_search_properties("knn_acc", "max")
     good = Trial("_trainable", config={"train.lr": 0.2}, trial_id="s1", stub=True)
     weak = Trial("_trainable", config={"train.lr": 0.1}, trial_id="s2", stub=True)

@@ -9,8 +9,8 @@ head to head; `adapters` is the one door to Ray's, Optuna's (and MLflow's callba
 `status` reads a search folder without Ray.
 """
 from augtune.search.experiment import SearchFailed, SearchInterrupted
-from augtune.search.tune_run import resume_search, run_search
+from augtune.search.tune_run import run_search
 from augtune.search.plan import SearchPlan, load_plan, plan_config, plan_search
 
 __all__ = ["SearchFailed", "SearchInterrupted", "SearchPlan", "load_plan", "plan_config", "plan_search",
-           "resume_search", "run_search"]
+           "run_search"]

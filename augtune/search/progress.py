@@ -51,7 +51,7 @@ class Progress(Callback):
         self.printed = ""  # the last line written to a file: the same line is not written twice
         self.stepped: Optional[list] = None  # the trials as Tune's last step left them
         # the run's search algorithm when it repeats the best (`repeat.SearchThenRepeat`): how many repeat
-        # runs it chose; set by `tune_run.tuner` for every run, new or resumed; never pickled with Tune's
+        # runs it chose; set by `tune_run`'s `start` for every run, new or resumed; never pickled with Tune's
         self.phases = None
         self.repeating = False  # the repeat phase is under way: its trials are the ones counted
 

@@ -4,7 +4,7 @@ A resume never restores Tune's saved state (`tuner.pkl`, `experiment_state-*.jso
 pickles are Tune's to write and nobody's to read): it reads each trial's `record.json` (written by the
 trial itself after every epoch, straight to its folder), the newest complete checkpoint of each trial
 that has not ended (model and record, loaded `weights_only`) and Optuna's journal (JSON lines), and
-starts a new Tune run of the same experiment through Tune's public API (`tune_run.tuner`):
+starts a new Tune run of the same experiment through Tune's public API (`tune_run.tune_run`):
 
 - a trial whose record says it ended (`completed`, `stopped` by the scheduler) is what it is: its
   search's searcher counts it, the repeat chooses from it, and nothing runs it again;

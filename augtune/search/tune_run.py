@@ -2,7 +2,7 @@
 
 `tune_run(plan)` gives a `TuneRun` of a search or a compare, what `launch.drive` runs, new or resumed: what a
 new run writes before Ray starts (`prepare`) and how it starts (`start`, a Tuner, given the records a
-resume continues from: `augtune.search.resume`). Its Tuner (`tuner`) runs every entrant's search algorithm
+resume continues from: `augtune.search.resume`). Its Tuner runs every entrant's search algorithm
 and scheduler (`entrant_search`) as one (`multiplex`), then the repeat its chooser picks (`choosers`),
 under one run config (`run_config`). A resume is a new Tune run of the same experiment, never
 `Tuner.restore`. `run_search` builds and drives; `launch` keeps Ray and the driving, `compare` the planning.
@@ -22,20 +22,7 @@ from augtune.search.plan import SearchPlan, trial_resources
 from augtune.search.schedulers import scheduling
 from augtune.search.storage import exists
 
-__all__ = ["TuneRun", "entrant_search", "resume_search", "run_config", "run_search", "search_algorithm",
-           "tune_run", "tuner"]
-
-
-def search_algorithm(search, choose, conc: int, scheduler=None, records=None, restart_errored: bool = False):
-    """What Tune runs for a search and the repeat of its best (`repeat.SearchThenRepeat`, continuing
-    `records` when resumed), and the scheduler: the search's own for its trials (ASHA), never one that
-    stops a repeat run early."""
-    from augtune.search.multiplex import EntrantsScheduler
-    from augtune.search.repeat import SearchThenRepeat
-
-    if scheduler is not None and not isinstance(scheduler, EntrantsScheduler):
-        scheduler = EntrantsScheduler({None: scheduler})
-    return SearchThenRepeat(search, choose, conc, records, restart_errored), scheduler
+__all__ = ["TuneRun", "entrant_search", "run_config", "run_search", "tune_run"]
 
 
 @dataclass(frozen=True)
@@ -123,31 +110,6 @@ def settled(storage, held: list, metric: str) -> tuple[dict[str, int], int]:
     return settle_study(study, held, metric), len(study.trials)
 
 
-def tuner(trainable, cfg: Config, search, choose, conc: int, scheduler, num_samples: int, config,
-          records=None, restart_errored: bool = False) -> tuple:
-    """The Tuner of a run (new, or continuing `records`), its search algorithm and the callback that keeps
-    each trial's status at Tune's last step: `search`'s trials, then the repeat runs `choose` picks, in one
-    run (`search_algorithm`), on the search metric, its processes reused from trial to trial, each trial a
-    resume makes again in its own folder (`adapters.trial_folder`)."""
-    from ray import tune
-
-    from augtune.search.adapters import trial_folder
-    from augtune.search.callbacks import ContinueResultLog, StepStatuses
-
-    search_alg, sched = search_algorithm(search, choose, conc, scheduler, records, restart_errored)
-    stepped = StepStatuses()
-    config.callbacks = [*config.callbacks, ContinueResultLog(), stepped]
-    for callback in config.callbacks:
-        if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
-            callback.phases = search_alg
-    return tune.Tuner(
-        trainable,  # no param_space: each entrant's constants are its search's (`multiplex.EntrantsSearch`)
-        tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=search_alg,
-                                    scheduler=sched, num_samples=num_samples, reuse_actors=True,
-                                    trial_dirname_creator=trial_folder),
-        run_config=config), search_alg, stepped
-
-
 # -- the one builder -------------------------------------------------------------------------------------
 
 def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[list] = None) -> TuneRun:
@@ -196,7 +158,14 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
             save_plan(p)
 
     def start(conc: int, log: Callable[[str], None], records=None, restart_errored: bool = False):
+        """The Tuner (new, or continuing `records`), its search algorithm and the callback that keeps each
+        trial's status at Tune's last step: every entrant's search, then the repeat runs `choose` picks,
+        in one run (`repeat.SearchThenRepeat`), on the search metric, its processes reused from trial to
+        trial, each trial a resume makes again in its own folder (`adapters.trial_folder`)."""
+        from augtune.search.adapters import trial_folder
+        from augtune.search.callbacks import ContinueResultLog, StepStatuses
         from augtune.search.multiplex import EntrantsScheduler, EntrantsSearch
+        from augtune.search.repeat import SearchThenRepeat
 
         entrants, schedulers = {}, {}
         for key, p in plans.items():
@@ -207,10 +176,21 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
                 schedulers[key] = own  # ASHA's rungs, PBT's perturbations: the entrant's own
         log(describe_run(plan, path, conc))
         populations = {key for key, p in plans.items() if scheduling(p.cfg).population}  # live whole
-        trials = sum(p.cfg.search.num_samples for p in plans.values())
-        config = run_config(cfg, name, storage, callbacks or [], searches, repeats, nested=compare)
-        return tuner(trainable, cfg, EntrantsSearch(entrants, conc, populations), choose, conc,
-                     EntrantsScheduler(schedulers), trials, config, records, restart_errored)
+        algorithm = SearchThenRepeat(EntrantsSearch(entrants, conc, populations), choose, conc, records,
+                                     restart_errored)
+        stepped = StepStatuses()
+        config = run_config(cfg, name, storage, [*(callbacks or []), ContinueResultLog(), stepped], searches,
+                            repeats, nested=compare)
+        for callback in config.callbacks:
+            if hasattr(callback, "phases"):  # the progress line counts the repeat runs the algorithm chose
+                callback.phases = algorithm
+        return tune.Tuner(
+            trainable,  # no param_space: each entrant's constants are its search's (`EntrantsSearch`)
+            tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=algorithm,
+                                        scheduler=EntrantsScheduler(schedulers),
+                                        num_samples=sum(p.cfg.search.num_samples for p in plans.values()),
+                                        reuse_actors=True, trial_dirname_creator=trial_folder),
+            run_config=config), algorithm, stepped
 
     return TuneRun(experiment, path, cfg, prepare, start, resuming, searches, repeats, where.address,
                    where.dashboard)
@@ -238,8 +218,6 @@ def run_search(plan, log: Callable[[str], None] = print, on_completed: Optional[
     then) the repeat of the best."""
     drive(tune_run(plan, on_completed, callbacks), log, restart_errored)
 
-
-resume_search = run_search  # one path: `drive` continues from the records when the plan is there
 
 
 def kept(cfg: Config, plan: ComparePlan) -> Config:
