@@ -120,8 +120,8 @@ def replayed(record: dict) -> dict:
 
 def epoch_seconds(folder: str) -> float:
     """The mean training time of an epoch over a search's trials (0 when none has reported one). The mean,
-    not the median: DiffAug's generator trains in some epochs only, and the median of the main job's
-    (0.43 s) put it among the cheapest, though its runs took the longest (39 s of 40)."""
+    not the median: DiffAug's generator trains in some epochs only, and the median put it among the
+    cheapest entrants, though its runs took the longest."""
     times = [e["epoch_time_s"] for _, record in records_in(str(folder)) for e in record.get("epochs") or []
              if isinstance(e, dict) and isinstance(e.get("epoch_time_s"), (int, float))]
     return statistics.fmean(times) if times else 0.0
@@ -278,9 +278,9 @@ def _say(line: str) -> None:
 
 class FirstSeedFigures:
     """The end-of-run hook of a compare's repeat runs, for the run of the first seed only: the report
-    shows one run's figures per entrant, and drawing them for every seed cost the main job about 35 s of
-    its 250 (NRCC's UMAP compiles for 15 s in each process that draws it). `augtune plot` draws any
-    other run's figures from its folder."""
+    shows one run's figures per entrant, and drawing them for every seed slowed the main job markedly
+    (NRCC's UMAP compiles in each process that draws it). `augtune plot` draws any other run's figures
+    from its folder."""
     def __init__(self, hook: Callable, seed: int):
         self.hook, self.seed = hook, seed
 

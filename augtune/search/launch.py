@@ -140,9 +140,9 @@ def start_ray(ray, kwargs: dict, address: str | None) -> None:
 def train_env() -> dict[str, str]:
     """What Ray Train's processes get from a search: its controller takes a worker's report only when it
     polls, every health-check interval (Ray's default 2 s), and a worker's next report waits for it, so a
-    DDP trial's epochs shorter than that took the whole interval each (20 digits epochs of 0.5 s: 58.7 s
-    at 2 s, 33.6 s at 0.1 s; benchmarks/overhead.py). It polls every 0.1 s unless the environment says
-    otherwise; a worker is still declared dead only after Train's own, longer, timeout."""
+    DDP trial's epochs shorter than that took the whole interval each (results page, "What a Ray trial
+    costs"). It polls every 0.1 s unless the environment says otherwise; a worker is still declared dead
+    only after Train's own, longer, timeout."""
     return {TRAIN_POLL_ENV: os.environ.get(TRAIN_POLL_ENV, TRAIN_POLL_S)}
 
 

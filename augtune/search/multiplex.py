@@ -1,10 +1,9 @@
 """Several searches in one Tune run: a compare's entrants share trial processes (imports Ray).
 
-A compare searched each entrant in a Tune run of its own, and every run started its own trial processes:
-12 processes for the 30 runs of the main job, each ~7 s of CPU to start and ~2.7 s to set up its first
-trial, against 0.03 s for a trial in a process that already ran one. Here every entrant's search runs in
-one Tune run (`<experiment>/search/`), and a process that ends one entrant's trial takes the next trial
-of any entrant.
+A trial process costs seconds of CPU to start and to set up its first trial, and next to nothing for a
+trial after that (results page, "Where a search's CPU goes"): every entrant's search runs in one Tune run
+(`<experiment>/search/`), and a process that ends one entrant's trial takes the next trial of any
+entrant.
 
 What makes each search its own is kept apart: its space and its Optuna study (`<experiment>/<entrant>/
 optuna.journal`), its budget of trials, its concurrency limit, its scheduler (ASHA's rungs compare an
@@ -151,8 +150,7 @@ class EntrantsScheduler(FIFOScheduler):
         """A pending trial first, in the order they were made; then the paused trial least far along (by
         the epoch of its last result; PBT pauses trials to share the slots). PBT's own rule ranks a trial
         that just copied a paused donor as far along as the donor, and Tune's order then runs the copy
-        again and again, each time copying the same stale checkpoint, while the donor waits: a 6-epoch
-        trial of the compare test restarted 70 times so."""
+        again and again, each time copying the same stale checkpoint, while the donor waits."""
         from ray.tune.experiment import Trial
 
         trials = tune_controller.get_trials()

@@ -1,7 +1,7 @@
 """A search and the repeat of its best configurations in one Tune run (imports Ray).
 
 The repeat phase re-runs the best configurations of a search on new seeds, in the search's own Tune run
-(no trial process starts again: ~7 s of CPU each here, before a trial could train): `SearchThenRepeat`
+(no trial process starts again: results page, "A trial process's start"): `SearchThenRepeat`
 hands out the search algorithm's trials until the search has made all of them and every one has ended,
 then asks `choose` for the repeat runs (from the ended trials' records) and hands those out, as trials of
 the same run, which the trial processes the search started take in turn (`reuse_actors`).

@@ -115,8 +115,8 @@ class PBT(Scheduling):
 
     def live_trials(self, cfg: Config, slots: int) -> int:
         """The population whole: PBT compares only trials that have not finished, and one handed out
-        `slots` at a time ran through its epochs before the next began, so it was never a population (8
-        trials on 2 slots: 0 to 1 exploits). Tune runs `slots` of them at once; PBT pauses a running one
+        `slots` at a time ran through its epochs before the next began, so it was never a population (it
+        made hardly an exploit). Tune runs `slots` of them at once; PBT pauses a running one
         at each perturbation while others wait, so all progress together."""
         return max(cfg.search.num_samples, slots)
 
