@@ -62,13 +62,12 @@ class SearchThenRepeat(Wrapping):
         self._search_live: set[str] = set()
         self.runs: Optional[list[dict]] = None  # the repeat trials' configs, once chosen
         self._made: dict[int, str] = {}  # index in runs -> trial id
-        self._repeat_ids: set[str] = set()  # every repeat trial Tune holds
+        self._repeat_configs: dict[str, dict] = {}  # every repeat trial Tune holds -> its run
         self._repeat_live: set[str] = set()
-        # a repeat in rounds: the indices in `runs` its next decision waits for (None: all), whether it has
-        # finished, and the repeat trials that ended (with their configs), which it decides from
-        self._wanted: Optional[list[int]] = None
+        # the indices in `runs` the chooser's next decision waits for, whether it has finished, and the
+        # repeat trials that ended, which it decides from
+        self._wanted: list[int] = []
         self._chosen_all = False
-        self._repeat_configs: dict[str, dict] = {}
         self._repeat_ended: dict[str, Ended] = {}
         self._stale = False  # a repeat trial has ended since `choose` was last asked
         self._again: list = []  # the repeat runs a resume makes again (`resume.Held`)
@@ -95,11 +94,6 @@ class SearchThenRepeat(Wrapping):
     def phase(self) -> str:
         return "search" if self.runs is None else "repeat"
 
-    @property
-    def search_finished(self) -> bool:
-        """The search has made its trials and every one has ended."""
-        return self.search.is_finished() and not self._search_live
-
     # -- what Tune asks ----------------------------------------------------------------------------------
 
     @property
@@ -121,7 +115,7 @@ class SearchThenRepeat(Wrapping):
                 if trial is not None:
                     self._search_live.add(trial.trial_id)
                     return trial
-            if not self.search_finished:
+            if self._search_live or not self.search.is_finished():  # a search trial has yet to end
                 return None
             self._choose()
         elif self._stale and not self._chosen_all:
@@ -129,12 +123,12 @@ class SearchThenRepeat(Wrapping):
         return self._next_repeat()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if trial_id not in self._repeat_ids:
+        if trial_id not in self._repeat_configs:
             self.search.on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: Optional[dict] = None, error: bool = False) -> None:
         """`result`: the trial's last result, flattened by Tune (`config/<key>` entries)."""
-        if trial_id in self._repeat_ids:
+        if trial_id in self._repeat_configs:
             self._repeat_live.discard(trial_id)
             self._repeat_ended[trial_id] = Ended(trial_id, self._repeat_configs[trial_id], dict(result or {}),
                                                  "the trial errored" if error else None)
@@ -144,7 +138,7 @@ class SearchThenRepeat(Wrapping):
         self.search.on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
-        return self.runs is not None and self._chosen_all and all(i in self._made for i in self._indices())
+        return self.runs is not None and self._chosen_all and all(i in self._made for i in self._wanted)
 
     # -- the repeat's trials ------------------------------------------------------------------------------
 
@@ -163,18 +157,14 @@ class SearchThenRepeat(Wrapping):
             if index is not None and name not in self._made.values():
                 self._made[index] = name
 
-    def _indices(self) -> list[int]:
-        return list(range(len(self.runs or []))) if self._wanted is None else self._wanted
-
     def _next_repeat(self):
         if self.max_concurrent and len(self._repeat_live) >= self.max_concurrent:
             return None
-        index = next((i for i in self._indices() if i not in self._made), None)
+        index = next((i for i in self._wanted if i not in self._made), None)
         if index is None:
             return None
         trial = self._make(index)
         self._made[index] = trial.trial_id
-        self._repeat_ids.add(trial.trial_id)
         self._repeat_live.add(trial.trial_id)
         self._repeat_configs[trial.trial_id] = copy.deepcopy(self.runs[index])  # without RESUME
         return trial
