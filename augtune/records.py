@@ -340,9 +340,16 @@ def read_json(path: Path, max_depth: int = MAX_JSON_DEPTH) -> Any:
     as a full disk leaves one, says so)."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise JSONFileError(path, f"cannot be read ({e.strerror or type(e).__name__})") from None
+    return parse_json(data, path, max_depth)
+
+
+def parse_json(data: bytes, path: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`read_json` of the bytes `data` of the file `path` names (a local path, or a URI's)."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise JSONFileError(path, f"not UTF-8 text (byte {e.start}); not a JSON file") from None
     if json_depth(text) > max_depth:

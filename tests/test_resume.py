@@ -75,15 +75,21 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
     (exp / "t5").mkdir()  # a trial whose record was never written: Tune's files only
     (exp / "t6").mkdir()
     (exp / "t6" / "record.json").write_text('{"status": "runn')  # cut short
+    (exp / "t7").mkdir()
+    (exp / "t7" / "record.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past any record
+    deep = '{"epoch": 9, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"  # in a checkpoint, in the log
+    _checkpoint(exp / "t3", 3, 4)
+    (exp / "t3" / "checkpoint_000003" / "record.json").write_text(deep)
+    (exp / "t3" / "result.json").write_text((exp / "t3" / "result.json").read_text() + deep)
 
     records = read_records(str(exp), {None: str(exp)}, str(exp / "repeat_best"), compare=False)
     held = {h.name: h for h in records.search[None]}
-    assert sorted(held) == ["t1", "t2", "t3", "t4"] and records.repeats == []  # t6's names no parameters
+    assert sorted(held) == ["t1", "t2", "t3", "t4"] and records.repeats == []  # t6, t7 name no parameters
     assert held["t1"].ended and held["t2"].ended and not held["t3"].ended and not held["t4"].ended
     assert held["t1"].metrics == {"epoch": 4, "knn_acc": 0.4} and held["t1"].config == {"train.lr": 0.1}
     assert held["t3"].made == {"train.lr": 0.03}  # what the searcher made it with: PBT perturbed it since
     assert held["t3"].resume == {"folder": "t3", "checkpoint": str(exp / "t3" / "checkpoint_000002"),
-                                 "epoch": 3, "index": 2, "train": None}
+                                 "epoch": 3, "index": 3, "train": None}
     assert held["t3"].again() == {"train.lr": 0.3, RESUME: held["t3"].resume}
     assert held["t4"].resume["checkpoint"] is None and held["t4"].resume["index"] == -1
     # --restart-errored: a failed trial from scratch; a trial that was running keeps its checkpoint

@@ -213,3 +213,6 @@ def test_trials_left_running_by_a_driver_that_is_gone_show_as_interrupted(tmp_pa
     (exp / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": socket.gethostname() + "-other"}))
     assert main(["status", str(exp)]) == 0  # another machine's driver: only it knows
     assert rows(capsys.readouterr().out)["a0000_00004"][1] == "running"
+    (exp / LOCK_FILE).write_text("[" * 100_000 + "]" * 100_000)  # no lock augtune wrote: nothing to tell
+    assert main(["status", str(exp)]) == 0
+    assert rows(capsys.readouterr().out)["a0000_00004"][1] == "running"

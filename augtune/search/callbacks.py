@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ray.tune import Callback
 
-from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now
+from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, parse_json
 from augtune.search.resume import RESULT_FILE
 
 
@@ -75,7 +75,7 @@ class SettleRecords(Callback):
         where = f"{(self.repeats if REPEAT in config else self.folders[config.get(ENTRANT)]).rstrip('/')}/" \
                 f"{Path(trial.path).name}"
         try:
-            record = json.loads(read_bytes(where, RECORD_FILE) or b"null")
+            record = parse_json(read_bytes(where, RECORD_FILE) or b"null", f"{where}/{RECORD_FILE}")
         except (OSError, ValueError):  # cut short, or a store out of reach: nothing to settle
             return
         if isinstance(record, dict) and record.get("status") == "running":

@@ -22,7 +22,7 @@ from typing import Optional
 import yaml
 
 from augtune.config import ConfigError, to_dict
-from augtune.records import SEARCH_FILE, process_started
+from augtune.records import SEARCH_FILE, parse_json, process_started, read_json
 from augtune.search.storage import exists, is_uri, write_bytes
 
 LOCK_FILE = ".augtune.lock"
@@ -134,10 +134,10 @@ def holder_alive(folder: Path) -> Optional[bool]:
     the lock it holds meanwhile: False when there is no lock or its owner is gone (this host, its pid
     dead or reused since); None when it cannot be told (another host's lock, or one being written)."""
     try:
-        owner = json.loads((Path(folder) / LOCK_FILE).read_text())
+        owner = parse_json((Path(folder) / LOCK_FILE).read_bytes(), Path(folder) / LOCK_FILE)
     except FileNotFoundError:
         return False
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # being written, or not a lock augtune wrote
         return None
     if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
         return None
@@ -187,7 +187,7 @@ class Lock:
 
     def _owner(self) -> dict:
         try:
-            return json.loads(self.path.read_text())
+            return read_json(self.path)
         except (OSError, ValueError):
             return {}
 

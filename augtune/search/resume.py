@@ -28,7 +28,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from augtune.records import CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RESUME, ROUND
+from augtune.records import (CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RESUME, ROUND,
+                             parse_json)
 
 __all__ = ["RESUME", "Held", "Records", "read_records", "settle_study", "take"]
 ENDED = ("completed", "stopped")
@@ -97,8 +98,8 @@ def records_in(folder: str) -> list[tuple[str, dict]]:
     out = []
     for name in names(folder):
         try:
-            record = json.loads(read_bytes(folder, f"{name}/{RECORD_FILE}") or b"null")
-        except ValueError:
+            record = parse_json(read_bytes(folder, f"{name}/{RECORD_FILE}") or b"null", f"{folder}/{name}")
+        except ValueError:  # cut short, nested past any record, not UTF-8
             continue
         if isinstance(record, dict):
             out.append((name, record))
@@ -217,7 +218,7 @@ def last_logged(log: bytes) -> int:
     epochs = [0]
     for line in whole_lines(log).splitlines():
         try:
-            epoch = json.loads(line).get("epoch")
+            epoch = parse_json(line, RESULT_FILE).get("epoch")
         except (ValueError, AttributeError):
             continue
         if isinstance(epoch, int):
@@ -263,7 +264,7 @@ def checkpoint_record(folder: str) -> Optional[dict]:
     if not data or (read_tail(folder, CHECKPOINT_FILE, 22) or b"")[:4] != ZIP_END:
         return None
     try:
-        record = json.loads(data)
+        record = parse_json(data, f"{folder}/{RECORD_FILE}")
     except ValueError:
         return None
     return record if isinstance(record, dict) and isinstance(record.get("epochs"), list) else None
