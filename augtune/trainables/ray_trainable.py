@@ -355,9 +355,9 @@ class TrialFolder:
                 return RunRecord.read(self.local).data if (self.local / RECORD_FILE).exists() else None
             except ValueError:
                 return None
-        import json
-
         import pyarrow.fs
+
+        from augtune.records import parse_json
 
         fs, path = pyarrow.fs.FileSystem.from_uri(f"{self.uri}/{RECORD_FILE}")
 
@@ -365,7 +365,7 @@ class TrialFolder:
             if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
                 return None
             with fs.open_input_stream(path) as f:
-                return json.loads(f.read())
+                return parse_json(f.read(), f"{self.uri}/{RECORD_FILE}")
 
         try:
             return patiently(read, f"reading {self.uri}/{RECORD_FILE}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from augtune.config import Config, to_dict
-from augtune.records import versions, write_json_atomic
+from augtune.records import read_json, versions, write_json_atomic
 
 _EVAL_KEYS = ("metrics", "knn_k", "sr_epochs", "sr_lr", "sr_batch_size", "linear_val_fraction", "cluster",
               "umap_components", "umap_neighbors", "umap_min_dist", "umap_metric", "cluster_bandwidth",
@@ -93,7 +93,7 @@ LOCKS = "locks"  # in the cache folder: one lock file per key, kept (unlinking o
 
 def _read(path: Path) -> dict | None:
     try:
-        return dict(json.loads(path.read_text())["metrics"])
+        return dict(read_json(path)["metrics"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # not there yet, or unreadable: compute it again
 
