@@ -53,14 +53,24 @@ def read_row(path: Path, metric: str, interrupted: bool) -> Row:
     status = str(r.get("status") or "running")
     status = INTERRUPTED if status == "running" and interrupted else status
     epochs = [e for e in r.get("epochs") or [] if isinstance(e, dict)]
-    values = [e[metric] for e in epochs if isinstance(e.get(metric), (int, float))
-              and not isinstance(e.get(metric), bool)]
-    exploits = (r.get("exploits") if isinstance(r.get("exploits"), int) else 0) \
-        if searched_schedule(r.get("config")) else None
-    return Row(trial, status, len(epochs), float(values[-1]) if values else None,
-               r["params"] if isinstance(r.get("params"), dict) else {},
-               str(r.get("error") or "")[:200] if status == "failed" else "",
-               str(r.get("entrant") or r.get("method") or ""), exploits, str(r.get("started") or ""))
+    params = r["params"] if isinstance(r.get("params"), dict) else {}
+    error = str(r.get("error") or "")[:200] if status == "failed" else ""
+    return Row(trial, status, len(epochs), last_value(epochs, metric), params, error,
+               str(r.get("entrant") or r.get("method") or ""), exploits(r), str(r.get("started") or ""))
+
+
+def last_value(epochs: list[dict], metric: str) -> Optional[float]:
+    """The last value of `metric` the epochs reported (what Tune selects on), None without one."""
+    values = [e[metric] for e in epochs
+              if isinstance(e.get(metric), (int, float)) and not isinstance(e[metric], bool)]
+    return float(values[-1]) if values else None
+
+
+def exploits(record: dict) -> Optional[int]:
+    """A PBT trial's copies of other trials (its record's `exploits`); None for another scheduler's."""
+    if not searched_schedule(record.get("config")):
+        return None
+    return record["exploits"] if isinstance(record.get("exploits"), int) else 0
 
 
 def _summary(rows: list[Row]) -> str:
