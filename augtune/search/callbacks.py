@@ -82,7 +82,7 @@ class SettleRecords(Callback):
             record.update(status=status, error=error, finished=now())
             try:
                 write_bytes(where, RECORD_FILE, json.dumps(record, indent=1).encode() + b"\n")
-            except OSError:  # a full disk: Tune's own state still says how the trial ended
+            except OSError:  # a full disk: the record stays `running`, and a resume makes the trial again
                 pass
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:

@@ -98,7 +98,8 @@ def records_in(folder: str) -> list[tuple[str, dict]]:
     out = []
     for name in names(folder):
         try:
-            record = parse_json(read_bytes(folder, f"{name}/{RECORD_FILE}") or b"null", f"{folder}/{name}")
+            where = f"{name}/{RECORD_FILE}"
+            record = parse_json(read_bytes(folder, where) or b"null", f"{folder}/{where}")
         except ValueError:  # cut short, nested past any record, not UTF-8
             continue
         if isinstance(record, dict):
