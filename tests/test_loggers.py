@@ -16,7 +16,7 @@ import yaml
 from augtune.cli import main
 from augtune.config import ConfigError, load_config
 from augtune.records import REPEAT_DIR
-from augtune.search.status import TUNE_ID
+from augtune.search.resume import tune_id
 from conftest import TINY_CNN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_wandb_offline_and_mlflow_runs_are_named_by_method_and_phase(logged_sear
     for path in [*exp.glob("*/record.json"), *(exp / REPEAT_DIR).glob("*/record.json")]:
         phase = "repeat seed=3" if path.parent.parent.name == REPEAT_DIR else "search"
         method = json.loads(path.read_text())["method"]
-        expected.add(f"{method} {phase} ({TUNE_ID.match(path.parent.name).group(1)})")
+        expected.add(f"{method} {phase} ({tune_id(path.parent.name)})")
     assert len(expected) == 4 and len(list((exp / REPEAT_DIR).glob("*/record.json"))) == 2
 
     runs = wandb_runs(exp)  # offline: every run's files are under the experiment, for `wandb sync` later

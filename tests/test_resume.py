@@ -97,6 +97,35 @@ def test_a_search_is_read_from_its_records_the_ended_as_they_are_the_rest_from_a
     assert held["t3"].again(True)[RESUME]["checkpoint"] == held["t3"].resume["checkpoint"]
 
 
+def test_a_finished_trials_result_log_cut_short_by_the_kill_is_made_whole_from_its_record(tmp_path):
+    """A kill while Tune uploads its copy of the logs can leave a finished trial's cut short, even empty:
+    the resume completes it from the record (each epoch once, in order); a whole log, and the log of a
+    trial that did not end, are left as they are."""
+    from augtune.search.resume import complete_logs
+
+    exp = tmp_path / "exp"
+    names = {"empty": "tune_trial_a0000_00000_0_x", "prefix": "tune_trial_a0000_00001_1_x",
+             "whole": "tune_trial_a0000_00002_2_x", "running": "tune_trial_a0000_00003_3_x"}
+    for kind, name in names.items():
+        _record(exp / name, "running" if kind == "running" else "completed", 4)
+    (exp / names["empty"] / "result.json").write_text("")
+    _log(exp / names["prefix"], 2, torn='{"epoch": 3, "knn_')
+    _log(exp / names["whole"], 4)
+    _log(exp / names["running"], 1)
+    before = {kind: (exp / name / "result.json").read_bytes() for kind, name in names.items()}
+    complete_logs(str(exp), read_records(str(exp), {None: str(exp)}, None, compare=False).trials())
+    for kind, name in names.items():
+        lines = [json.loads(line) for line in (exp / name / "result.json").read_text().splitlines()]
+        if kind in ("whole", "running"):
+            assert (exp / name / "result.json").read_bytes() == before[kind], kind
+            continue
+        assert [line["epoch"] for line in lines] == [1, 2, 3, 4], kind
+        kept = 0 if kind == "empty" else 2
+        assert all(line.get("from_record") for line in lines[kept:]), kind
+        assert lines[-1] == {"epoch": 4, "knn_acc": 0.4, "trial_id": f"a0000_0000{list(names).index(kind)}",
+                             "from_record": True}
+
+
 @pytest.mark.parametrize("torn", ['{"epoch": ', '{"epoch": 99}'])
 @pytest.mark.parametrize("logged, chosen", [(5, 2), (4, 1), (6, 2), (7, 2), (0, 0)])
 def test_the_checkpoint_continued_from_is_the_newest_complete_one_the_result_log_holds(tmp_path, logged,

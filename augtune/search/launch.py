@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from augtune.config import Config, ConfigError
 from augtune.search.experiment import Lock, SearchFailed, SearchInterrupted, mark_finished
 from augtune.search.plan import concurrency, trial_needs
+from augtune.search.resume import complete_logs
 from augtune.search.storage import is_uri
 
 if TYPE_CHECKING:
@@ -185,6 +186,8 @@ def drive(run: TuneRun, log: Callable[[str], None] = print, restart_errored: boo
         records = run.read() if run.resuming else None
         if records is None:
             run.prepare()
+        else:
+            complete_logs(run.path, records.trials())
         conc = concurrency(run.cfg, connect(run.cfg, run.address, run.dashboard))
         if records is not None:
             left = sum(not h.ended for h in records.trials())

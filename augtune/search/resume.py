@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -35,6 +36,7 @@ __all__ = ["RESUME", "Held", "Records", "read_records", "settle_study", "take"]
 ENDED = ("completed", "stopped")
 CHECKPOINT_PREFIX = "checkpoint_"
 RESULT_FILE = "result.json"  # Tune's result log of a trial
+TUNE_ID = re.compile(r"[A-Za-z_]+?_([0-9a-f]{5}_\d{5}|[0-9a-f]{8})(?:_|$)")  # `tune_trial_<id>_<tag>_<time>`
 TRAIN_PREFIX = "train-"  # a DDP trial's Ray Train run, in its folder (it resumes from its own storage)
 
 
@@ -49,6 +51,7 @@ class Held:
     resume: dict = field(default_factory=dict)  # what `RESUME` carries when it is made again
     made: dict = field(default_factory=dict)  # the config its searcher made it with (a PBT trial's `config`
     # holds its values now, which PBT perturbed since)
+    epochs: list = field(default_factory=list)  # an ended trial's record of every epoch (`complete_logs`)
 
     @property
     def ended(self) -> bool:
@@ -121,7 +124,8 @@ def numbers(result: dict) -> dict:
 def _held(tune_run: str, records: str, name: str, record: dict, config: dict, made: dict) -> Held:
     status = str(record.get("status") or "running")
     resume = {} if status in ENDED else checkpoint_of(tune_run, records, name, record.get("lineage"))
-    return Held(name, config, status, last_result(record), {"folder": name, **resume}, made)
+    epochs = [e for e in record.get("epochs") or [] if isinstance(e, dict)] if status in ENDED else []
+    return Held(name, config, status, last_result(record), {"folder": name, **resume}, made, epochs)
 
 
 def held_trial(tune_run: str, records: str, name: str, record: dict, entrant: Optional[str]) -> Held:
@@ -227,20 +231,50 @@ def last_logged(log: bytes) -> int:
     return max(epochs)
 
 
-def unlogged_results(log: bytes, resume: dict, trial_id: str) -> bytes:
+def unlogged_results(log: bytes, resume: dict, trial_id: Optional[str]) -> bytes:
     """The result lines a trial's carried-over log (`log`) lacks up to the checkpoint it continues from
     (`resume`, its `RESUME`), one per epoch: the numbers the trial reported then, from the checkpoint's
     record, marked `from_record`. Tune keeps the newest checkpoints only, and its copy of the log can lag
     them by seconds of epochs: when it holds none of them (`newest_checkpoint`), the trial continues after
     epochs the log never got, and without these it would lack them for good."""
     record = checkpoint_record(resume["checkpoint"]) if resume.get("checkpoint") else None
-    logged, until = last_logged(log), int(resume.get("epoch") or 0)
+    return missing_results(log, (record or {}).get("epochs", []), int(resume.get("epoch") or 0), trial_id)
+
+
+def missing_results(log: bytes, epochs: list, until: int, trial_id: Optional[str]) -> bytes:
+    """The result lines the whole lines of `log` lack up to epoch `until`, one per epoch of `epochs` (a
+    record's), marked `from_record`."""
+    logged = last_logged(log)
     lines = []
-    for entry in (record or {}).get("epochs", []):
+    for entry in epochs:
         epoch = entry.get("epoch") if isinstance(entry, dict) else None
         if isinstance(epoch, int) and logged < epoch <= until:
-            lines.append(json.dumps({**numbers(entry), "trial_id": trial_id, "from_record": True}) + "\n")
+            lines.append(json.dumps({**numbers(entry), **({"trial_id": trial_id} if trial_id else {}),
+                                     "from_record": True}) + "\n")
     return "".join(lines).encode()
+
+
+def complete_logs(tune_run: str, held: Iterable[Held]) -> None:
+    """Tune's result log of every trial that ended, made whole from its record: Tune uploads its copy of
+    the log again and again while it runs, and a kill in the middle of an upload can leave a finished
+    trial's log cut short (even empty), which no later run writes again."""
+    from augtune.search.storage import exists, read_bytes, write_bytes
+
+    for h in held:
+        folder = f"{tune_run.rstrip('/')}/{h.name}"
+        if not h.ended or not h.epochs or not exists(folder):
+            continue
+        log = whole_lines(read_bytes(folder, RESULT_FILE) or b"")
+        until = max((e["epoch"] for e in h.epochs if isinstance(e.get("epoch"), int)), default=0)
+        missing = missing_results(log, h.epochs, until, tune_id(h.name))
+        if missing:
+            write_bytes(folder, RESULT_FILE, log + missing)
+
+
+def tune_id(folder: str) -> Optional[str]:
+    """Tune's id of a trial, which begins the name of its folder (`tune_trial_<id>_<tag>_<time>`)."""
+    found = TUNE_ID.match(folder)
+    return found.group(1) if found else None
 
 
 def _index(name: str) -> int:

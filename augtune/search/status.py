@@ -15,7 +15,6 @@ copy of its records (`storage.local_copy`).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -23,10 +22,10 @@ from typing import Optional
 from augtune.records import (COMPARE_FILE, ENTRANT, RECORD_FILE, phase_folders, read_record, read_search_file,
                              searched_schedule)
 from augtune.search.experiment import holder_alive
+from augtune.search.resume import tune_id
 
 INTERRUPTED = "interrupted"  # a trial whose record says `running` when no driver runs its experiment
 SAID = {"stopped": "stopped early by the scheduler"}  # a status as the summary says it
-TUNE_ID = re.compile(r"[A-Za-z_]+?_([0-9a-f]{5}_\d{5}|[0-9a-f]{8})(?:_|$)")  # `tune_trial_<id>_<tag>_<time>`
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,7 @@ class Row:
 
 def read_row(path: Path, metric: str, interrupted: bool) -> Row:
     """The row of the record at `path`; `interrupted`: no driver runs the experiment."""
-    found = TUNE_ID.match(path.parent.name)
-    trial = found.group(1) if found else path.parent.name
+    trial = tune_id(path.parent.name) or path.parent.name
     try:
         r = read_record(path)
     except (OSError, ValueError) as e:  # cut short, foreign: shown, not guessed
