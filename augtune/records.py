@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import platform
 import re
@@ -250,6 +251,15 @@ class LinkRefused(OSError):
 def is_compare(exp_dir) -> bool:
     """Whether the local folder `exp_dir` holds a compare experiment (its COMPARE_FILE)."""
     return (Path(exp_dir) / COMPARE_FILE).is_file()
+
+
+def last_reported(record: dict, metric: str) -> float | None:
+    """The last finite value of `metric` a run's record holds in its epochs: what Tune ranks a search
+    trial by (None when it reported none)."""
+    epochs = record.get("epochs")
+    values = [e[metric] for e in epochs if isinstance(e, dict) and isinstance(e.get(metric), (int, float))
+              and not isinstance(e.get(metric), bool)] if isinstance(epochs, list) else []
+    return float(values[-1]) if values and math.isfinite(values[-1]) else None
 
 
 def phase_folders(exp_dir: Path) -> dict[str, list[Path]]:

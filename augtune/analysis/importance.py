@@ -11,17 +11,9 @@ ASHA stopped counts with its last rung, as Tune ranks it. The same study feeds O
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
-
-def _value(record: dict, metric: str) -> Optional[float]:
-    epochs = record.get("epochs")
-    if not isinstance(epochs, list):
-        return None
-    values = [e[metric] for e in epochs if isinstance(e, dict) and isinstance(e.get(metric), (int, float))
-              and not isinstance(e.get(metric), bool)]
-    return float(values[-1]) if values and math.isfinite(values[-1]) else None
+from augtune.records import last_reported
 
 
 def _distribution(values: list[Any]):
@@ -46,7 +38,7 @@ def _search_trials(records: list[dict], metric: str) -> list[tuple[dict, float]]
     trials = [r for r in records if isinstance(r, dict) and r.get("phase", "search") == "search"
               and isinstance(r.get("params"), dict) and r["params"]]
     trials.sort(key=lambda r: str(r.get("started") or ""))
-    return [(r["params"], v) for r in trials if (v := _value(r, metric)) is not None]
+    return [(r["params"], v) for r in trials if (v := last_reported(r, metric)) is not None]
 
 
 def study_from_records(records: list[dict], metric: str, mode: str = "max"):
@@ -114,7 +106,7 @@ def format_importances(name: str, result: tuple[dict[str, float], str]) -> str:
 def trial_value(record: dict, metric: str) -> Optional[float]:
     """The value of `metric` a trial is ranked by, as the study above holds it: the last it reported (None
     when it reported none)."""
-    return _value(record, metric)
+    return last_reported(record, metric)
 
 
 def importance_frame(searches: dict[str, list[dict]], metric: str, mode: str = "max", seed: int = 0):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from augtune.config import from_dict, run_signature, to_dict
-from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, searched_schedule
+from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, last_reported, searched_schedule
 from augtune.search.resume import ENDED, records_in
 
 if TYPE_CHECKING:
@@ -90,10 +90,9 @@ def top_of(folder: str, metric: str, mode: str, k: int, label: Any = None, per: 
     with: the schedule sets them from epoch 1). The seed is the repeat's own to set."""
     scored = []
     for _, record in records_in(str(folder)):  # ties keep the folders' order
-        values = [e[metric] for e in record.get("epochs") or []
-                  if isinstance(e, dict) and isinstance(e.get(metric), (int, float))]
-        if record.get("status") in ENDED and values:
-            scored.append((values[-1], {k: v for k, v in replayed(record).items() if k != "train.seed"}))
+        value = last_reported(record, metric)
+        if record.get("status") in ENDED and value is not None:
+            scored.append((value, {k: v for k, v in replayed(record).items() if k != "train.seed"}))
 
     def signature(params: dict):
         # a schedule's first step sets its keys from epoch 1 on: a PBT trial's values at the end do not

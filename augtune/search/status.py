@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from augtune.records import (COMPARE_FILE, ENTRANT, RECORD_FILE, phase_folders, read_record, read_search_file,
-                             searched_schedule)
+from augtune.records import (COMPARE_FILE, ENTRANT, RECORD_FILE, last_reported, phase_folders, read_record,
+                             read_search_file, searched_schedule)
 from augtune.search.experiment import holder_alive
 from augtune.search.resume import tune_id
 
@@ -53,15 +53,8 @@ def read_row(path: Path, metric: str, interrupted: bool) -> Row:
     epochs = [e for e in r.get("epochs") or [] if isinstance(e, dict)]
     params = r["params"] if isinstance(r.get("params"), dict) else {}
     error = str(r.get("error") or "")[:200] if status == "failed" else ""
-    return Row(trial, status, len(epochs), last_value(epochs, metric), params, error,
+    return Row(trial, status, len(epochs), last_reported(r, metric), params, error,
                str(r.get("entrant") or r.get("method") or ""), exploits(r), str(r.get("started") or ""))
-
-
-def last_value(epochs: list[dict], metric: str) -> Optional[float]:
-    """The last value of `metric` the epochs reported (what Tune selects on), None without one."""
-    values = [e[metric] for e in epochs
-              if isinstance(e.get(metric), (int, float)) and not isinstance(e[metric], bool)]
-    return float(values[-1]) if values else None
 
 
 def exploits(record: dict) -> Optional[int]:
