@@ -165,7 +165,7 @@ class Experiment:
     Ray is not needed."""
 
     def __init__(self, path: Union[str, Path]):
-        from augtune.search.storage import argument, is_uri
+        from augtune.storage import argument, is_uri
 
         text = argument(path)
         self.path = text if is_uri(text) else str(Path(text).expanduser().resolve())
@@ -181,7 +181,7 @@ class Experiment:
             return is_compare(str(folder))
 
     def _local(self):
-        from augtune.search.storage import local_copy
+        from augtune.storage import local_copy
 
         return local_copy(self.path)  # a local folder as it is; a URI's records copied
 
@@ -553,7 +553,7 @@ def load(path: Union[str, Path]) -> Experiment:
     """An experiment already run (a folder or an `s3://` URI)."""
     from augtune.config import ConfigError
     from augtune.records import COMPARE_FILE, SEARCH_FILE
-    from augtune.search.storage import exists
+    from augtune.storage import exists
 
     exp = Experiment(path)
     if not (exists(exp.path, COMPARE_FILE) or exists(exp.path, SEARCH_FILE)):
@@ -662,7 +662,7 @@ def resumable(path: Union[str, Path]) -> Experiment:
     resumed there: not an experiment, or one entrant's search of a compare (its searches run together)."""
     from augtune.config import ConfigError
     from augtune.records import is_compare
-    from augtune.search.storage import is_uri
+    from augtune.storage import is_uri
 
     exp = load(path)
     parent = str(Path(exp.path).parent)
@@ -723,7 +723,7 @@ def log_file(experiment: str) -> Path:
     import tempfile
 
     from augtune.search.experiment import LOG_FILE
-    from augtune.search.storage import is_uri
+    from augtune.storage import is_uri
 
     if is_uri(experiment):
         return Path(tempfile.gettempdir()) / f"augtune-{experiment.rstrip('/').rsplit('/', 1)[-1]}.log"

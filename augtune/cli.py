@@ -153,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _final_table(exp_dir: str, cfg) -> None:
-    from augtune.search.storage import local_copy
+    from augtune.storage import local_copy
 
     with local_copy(exp_dir) as local:  # in cloud storage (s3://...): a copy of its records
         _print_final_table(local, cfg)
@@ -216,7 +216,7 @@ def _full_disk(experiment: str) -> OSError | None:
     import errno
     import shutil
 
-    from augtune.search.storage import is_uri
+    from augtune.storage import is_uri
 
     if is_uri(experiment):
         return None
@@ -418,7 +418,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from augtune.analysis import AnalysisError
     from augtune.analysis.export import cmd_export as export
-    from augtune.search.storage import StorageError, argument, is_uri, local_copy
+    from augtune.storage import StorageError, argument, is_uri, local_copy
 
     # an experiment in cloud storage (s3://...) is tabulated from a local copy of its records: the
     # analysis reads local folders only; its messages name the URI, not the copy

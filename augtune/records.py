@@ -117,7 +117,7 @@ RESUME = "_resume"  # a trial a resume made again: where it continues from (augt
 
 def is_uri(location: object) -> bool:
     """Whether a location is a URI (s3://, gs://, ...) rather than a local path: the one predicate
-    (`augtune.search.storage` re-exports it)."""
+    (`augtune.storage` re-exports it)."""
     return "://" in str(location)
 
 

@@ -199,7 +199,7 @@ def test_not_a_record_warns_instead_of_crashing(tmp_path):
 
 def test_importing_analysis_loads_neither_torch_nor_ray(experiment):
     """The analysis alone loads no torch, Ray, search or trainables; the export command (the CLI may
-    reach `augtune.search.storage` for experiments in cloud storage) still loads no torch and no Ray."""
+    reach `augtune.storage` for experiments in cloud storage) still loads no torch and no Ray."""
     code = f"""
 import sys, warnings
 warnings.simplefilter("ignore")

@@ -20,7 +20,7 @@ import yaml
 from augtune.cli import main
 from augtune.config import ConfigError
 from augtune.records import SEARCH_FILE
-from augtune.search import storage
+from augtune import storage
 from augtune.search.plan import load_plan, resolve_storage
 
 ROOT = Path(__file__).resolve().parents[1]

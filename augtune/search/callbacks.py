@@ -69,7 +69,7 @@ class SettleRecords(Callback):
         self.folders, self.repeats = folders, repeats
 
     def _settle(self, trial, status: str, error: str | None) -> None:
-        from augtune.search.storage import read_bytes, write_bytes
+        from augtune.storage import read_bytes, write_bytes
 
         config = getattr(trial, "config", None) or {}
         where = f"{(self.repeats if REPEAT in config else self.folders[config.get(ENTRANT)]).rstrip('/')}/" \

@@ -241,7 +241,7 @@ class RaceOfFinalists:
     def _report(self, state) -> None:
         """Each round decided since the last call, a line on the console; the state in `race.json`."""
         from augtune.analysis.race import RACE_FILE, history
-        from augtune.search.storage import write_bytes
+        from augtune.storage import write_bytes
 
         lines = history(state)
         for line in lines[self.said.get("lines", 0):]:

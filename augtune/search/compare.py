@@ -137,7 +137,7 @@ class ComparePlan:
     rows: str = ""  # the labelled and unlabelled rows (`describe_rows`), and what selects without labels
 
     def save(self) -> None:
-        from augtune.search.storage import write_bytes
+        from augtune.storage import write_bytes
 
         data = {"config": to_dict(self.cfg), "entrants": list(self.labels), "modality": self.modality,
                 **({"epochs": dict(self.epochs)} if self.epochs else {})}

@@ -23,7 +23,7 @@ import yaml
 
 from augtune.config import ConfigError, to_dict
 from augtune.records import SEARCH_FILE, parse_json, process_started, read_json
-from augtune.search.storage import exists, is_uri, write_bytes
+from augtune.storage import exists, is_uri, write_bytes
 
 LOCK_FILE = ".augtune.lock"
 OPTUNA_FILE = "optuna.journal"  # Optuna's study: optuna.load_study(study_name="augtune", storage=...)
@@ -110,7 +110,7 @@ def optuna_storage(plan):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from augtune.search.storage import UploadedJournal
+    from augtune.storage import UploadedJournal
 
     if is_uri(plan.experiment):
         return JournalStorage(UploadedJournal(f"{plan.experiment}/{OPTUNA_FILE}"))

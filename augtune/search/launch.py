@@ -30,7 +30,7 @@ from augtune.config import Config, ConfigError
 from augtune.search.experiment import Lock, SearchFailed, SearchInterrupted, mark_finished
 from augtune.search.plan import concurrency, trial_needs
 from augtune.search.resume import complete_logs
-from augtune.search.storage import is_uri
+from augtune.storage import is_uri
 
 if TYPE_CHECKING:
     from augtune.search.tune_run import TuneRun

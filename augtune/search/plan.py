@@ -18,7 +18,7 @@ from typing import Collection, Optional
 from augtune.checks import check_config
 from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
 from augtune.records import read_search_file
-from augtune.search.storage import is_uri
+from augtune.storage import is_uri
 
 DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
 ALWAYS_REPORTED = ("loss", "epoch_time_s", "samples_per_s", "epoch")
@@ -158,7 +158,7 @@ def absolute_paths(cfg: Config) -> Config:
 def resolve_storage(storage: str | None) -> str:
     """An absolute folder (Ray needs one) or a URI Ray's pyarrow filesystem understands."""
     if storage and is_uri(storage):
-        from augtune.search.storage import StorageError, filesystem
+        from augtune.storage import StorageError, filesystem
 
         try:
             filesystem(storage)  # credentials and endpoints: from the environment, which Ray's processes read
@@ -284,7 +284,7 @@ def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False)
     """The plan an experiment folder (or URI: s3://...) was started with (`augtune resume`), read without
     unpickling; a logger whose package is missing here is refused before Ray starts."""
     from augtune.search.loggers import check_loggers
-    from augtune.search.storage import split
+    from augtune.storage import split
 
     try:
         storage, name = split(exp_dir)
@@ -300,7 +300,7 @@ def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False)
 def _read_search_file(location: str) -> dict:
     """`records.read_search_file` of a local folder, or of a URI (its messages name the URI)."""
     from augtune.records import SEARCH_FILE
-    from augtune.search.storage import read_text
+    from augtune.storage import read_text
 
     if not is_uri(location):
         return read_search_file(Path(location).expanduser().resolve())

@@ -131,7 +131,7 @@ def compare_metric(exp_dir: Path) -> str:
 
 def format_status(location: str | Path) -> str:
     """`augtune status`: a local experiment folder, or a URI (s3://, gs://) read from a copy of its files."""
-    from augtune.search.storage import is_uri, local_copy
+    from augtune.storage import is_uri, local_copy
 
     shown = str(location) if is_uri(location) else str(Path(location).expanduser().resolve())
     with local_copy(shown) as folder:

@@ -20,7 +20,7 @@ from augtune.search.experiment import optuna_storage, save_plan
 from augtune.search.launch import drive
 from augtune.search.plan import SearchPlan, trial_resources
 from augtune.search.schedulers import scheduling
-from augtune.search.storage import exists
+from augtune.storage import exists
 
 __all__ = ["TuneRun", "entrant_search", "run_config", "run_search", "tune_run"]
 

@@ -337,12 +337,9 @@ class TrialFolder:
     def publish(self) -> None:
         if self.uri is None:
             return
-        import pyarrow.fs
+        from augtune.storage import split, upload
 
-        fs, path = pyarrow.fs.FileSystem.from_uri(self.uri)
-        patiently(lambda: pyarrow.fs.copy_files(str(self.local), path, destination_filesystem=fs,
-                                                source_filesystem=pyarrow.fs.LocalFileSystem()),
-                  f"uploading {self.uri}")
+        patiently(lambda: upload(self.local, *split(self.uri)), f"uploading {self.uri}")
 
     def write_record(self, record: RunRecord) -> None:
         record.write(self.local)

@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from augtune.config import Config, ConfigError
-from augtune.search.storage import is_uri
+from augtune.storage import is_uri
 
 # logger -> (the module it needs, the pip requirement that brings it)
 PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"),  # comes with ray[tune]

@@ -157,7 +157,7 @@ def delete(location: str, name: str) -> None:
 
 
 def upload(local: Path, location: str, name: str) -> None:
-    """Copy the local file `local` to `name` in the folder at `location` (replacing it)."""
+    """Copy the local file or folder `local` to `name` in the folder at `location` (replacing it)."""
     import pyarrow.fs
 
     fs, path = filesystem(location)
