@@ -6,8 +6,10 @@ from pathlib import Path
 
 from ray.tune import Callback
 
-from augtune.records import ENTRANT, RECORD_FILE, REPEAT, now, parse_json
-from augtune.search.resume import RESULT_FILE
+from augtune.records import ENTRANT, RECORD_FILE, REPEAT, RESUME, now, parse_json
+from augtune.search.adapters import trial_folders
+from augtune.search.resume import RESULT_FILE, unlogged_results, whole_lines
+from augtune.storage import read_bytes, write_bytes
 
 
 class StepStatuses(Callback):
@@ -35,13 +37,9 @@ class ContinueResultLog(Callback):
         self._started: set[str] = set()
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
-        from augtune.search.resume import RESUME, unlogged_results, whole_lines
-
         if RESUME not in (trial.config or {}) or trial.trial_id in self._started:
             return
         self._started.add(trial.trial_id)
-        from augtune.search.adapters import trial_folders
-
         fs, stored, local = trial_folders(trial)
         try:
             with fs.open_input_stream(f"{stored}/{RESULT_FILE}") as f:
@@ -69,8 +67,6 @@ class SettleRecords(Callback):
         self.folders, self.repeats = folders, repeats
 
     def _settle(self, trial, status: str, error: str | None) -> None:
-        from augtune.storage import read_bytes, write_bytes
-
         config = getattr(trial, "config", None) or {}
         where = f"{(self.repeats if REPEAT in config else self.folders[config.get(ENTRANT)]).rstrip('/')}/" \
                 f"{Path(trial.path).name}"

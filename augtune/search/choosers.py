@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from augtune.config import from_dict, run_signature, to_dict
 from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, last_reported, searched_schedule
 from augtune.search.resume import ENDED, records_in
+from augtune.storage import write_bytes
 
 if TYPE_CHECKING:
     from augtune.search.compare import ComparePlan
@@ -241,7 +242,6 @@ class RaceOfFinalists:
     def _report(self, state) -> None:
         """Each round decided since the last call, a line on the console; the state in `race.json`."""
         from augtune.analysis.race import RACE_FILE, history
-        from augtune.storage import write_bytes
 
         lines = history(state)
         for line in lines[self.said.get("lines", 0):]:

@@ -21,6 +21,7 @@ then the repeat (a race where it stopped). This module plans; `tune_run` builds 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,9 +29,13 @@ from typing import Optional
 
 import yaml
 
-from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, set_values, to_dict
-from augtune.records import COMPARE_FILE, SEARCH_FILE, mode_of
+from augtune.checks import check_against_data
+from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, safe_load, set_values, to_dict
+from augtune.records import COMPARE_FILE, LABEL_FREE, SEARCH_FILE, mode_of
+from augtune.search import budget as b
+from augtune.search.plan import concurrency, describe, fit_size, load_plan, plan_config, selecting, trials_of
 from augtune.search.schedulers import SCHEDULERS
+from augtune.storage import write_bytes
 
 SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bounds train.seed so)
 # keys the protocol holds equal for every entrant: no space may vary them
@@ -137,8 +142,6 @@ class ComparePlan:
     rows: str = ""  # the labelled and unlabelled rows (`describe_rows`), and what selects without labels
 
     def save(self) -> None:
-        from augtune.storage import write_bytes
-
         data = {"config": to_dict(self.cfg), "entrants": list(self.labels), "modality": self.modality,
                 **({"epochs": dict(self.epochs)} if self.epochs else {})}
         write_bytes(self.experiment, COMPARE_FILE, yaml.safe_dump(data, sort_keys=False).encode())
@@ -192,14 +195,10 @@ def entrant_plan(cfg: Config, e: Entrant, experiment: str, modality: str, data, 
                  **where):
     """One entrant's search, planned (`plan.plan_config`) in the compare's folder: its epochs under
     `compare.equal: compute`, its networks and knn_k checked against the data."""
-    from augtune.search.plan import fit_size, plan_config
-
     entrant = entrant_config(cfg, e)
     if epochs and e.label in epochs:  # compare.equal: compute
         entrant = replace(entrant, train=replace(entrant.train, epochs=int(epochs[e.label])))
     if data is not None:  # each entrant's networks within memory, its knn_k below the samples
-        from augtune.checks import check_against_data
-
         check_against_data(entrant, data)
     n_train = None if data is None else fit_size(data, cfg.dataset.val_fraction)
     return plan_config(entrant, storage=experiment, name=e.label, check_name_free=False, check_data=False,
@@ -217,8 +216,6 @@ def label_free(cfg: Config) -> Config:
     """A compare of data without labels: its columns are the label-free ones it names, else `rankme`
     (it selects and races on the first); every run evaluates those only (RankMe, Garrido et al. 2023:
     choosing by it lost little against a labelled probe on ImageNet; benchmarks/label_free.py)."""
-    from augtune.records import LABEL_FREE
-
     metrics = tuple(m for m in cfg.compare.metrics if m in LABEL_FREE) or ("rankme",)
     # CoCor's MMNN reads labels: with none, its constant targets (App. F), in every trial
     hold = tuple(dict.fromkeys([*cfg.search.hold, "cocor.mmnn"]))
@@ -232,11 +229,6 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     from each entrant's first epoch, measured here (`augtune.search.budget`), the line that says so, and
     the costs measured. The measuring is part of the budget. Under `compare.equal: compute` the epochs
     sized are the cheapest entrant's, and each other entrant's run costs about as much as its."""
-    import os
-
-    import augtune.search.budget as b
-    from augtune.search.plan import concurrency
-
     start = time.monotonic()
     total = b.budget_seconds(cfg)
     c = cfg.compare
@@ -272,8 +264,6 @@ def measure_costs(cfg: Config, modality: str) -> list:
     """Each entrant's cost (`budget.measure`: an epoch of its first configuration, timed in this process
     on the search's data), in `entrants` order."""
     from augtune.data import load_dataset
-    import augtune.search.budget as b
-    from augtune.search.plan import selecting
     from augtune.spaces import resolve_space
 
     data = load_dataset(selecting(cfg).dataset)  # what a search trial trains and is scored on
@@ -298,8 +288,6 @@ def default_vary(n_test: int) -> tuple[str, ...]:
 def describe_compare(plan: ComparePlan) -> list[str]:
     """What a compare would run, a line each (`augtune compare --plan`): its entrants (each a search, as
     `plan.describe` says), the shared seeds and the totals."""
-    from augtune.search.plan import describe, trials_of
-
     c = plan.cfg.compare
     seeds = list(plan.plans[0].cfg.search.repeat_best.seeds)
     race = c.race
@@ -328,9 +316,6 @@ def describe_compare(plan: ComparePlan) -> list[str]:
 
 def load_compare(exp_dir: str, address: Optional[str] = None) -> ComparePlan:
     """The plan of an experiment folder that `augtune compare` wrote (for `augtune resume`)."""
-    from augtune.config import safe_load
-    from augtune.search.plan import load_plan
-
     folder = Path(exp_dir).expanduser().resolve()
     file = folder / COMPARE_FILE
     try:

@@ -22,6 +22,8 @@ continuing from the trials' records: `augtune.search.resume`; nothing of Tune's 
 """
 from __future__ import annotations
 
+import logging
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -74,8 +76,6 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
 
     if ray.is_initialized():
         return ray.cluster_resources()
-    import logging
-
     quiet = not os.environ.get("AUGTUNE_VERBOSE")
     # Ray's start-up messages stay off the console; its logger goes back to INFO afterwards, into the
     # experiment's log file (augtune.search.progress.quiet_ray)
@@ -90,8 +90,6 @@ def connect(plan_cfg: Config, address: str | None, dashboard: bool) -> dict[str,
         # (another search's, or the one /tmp/ray/ray_current_cluster names); RAY_ADDRESS still wins.
         # It listens on loopback only (`hold_to_loopback`) and keeps token authentication (the default
         # since 2.59) on; the metrics exporter, which answers without a token, is off.
-        import math
-
         check_local_auth()
         kwargs["address"] = "local"
         kwargs["num_cpus"] = max(os.cpu_count() or 1, math.ceil(trial_needs(plan_cfg)["CPU"]))

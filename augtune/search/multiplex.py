@@ -24,6 +24,7 @@ from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining, TrialSch
 from ray.tune.search import SearchAlgorithm
 
 from augtune.records import ENTRANT, REPEAT
+from augtune.search.adapters import experiment_of, resume_pbt_clock
 from augtune.search.resume import RESUME
 
 
@@ -69,8 +70,6 @@ class EntrantsSearch(SearchAlgorithm):
     def add_configurations(self, experiments) -> None:
         """Tune's one experiment becomes one per entrant: its constants and its name in the config, its
         budget of trials."""
-        from augtune.search.adapters import experiment_of
-
         experiment = experiment_of(experiments)
         for name, sub in self._subs.items():
             spec = dict(experiment.spec)
@@ -165,8 +164,6 @@ class EntrantsScheduler(FIFOScheduler):
         scheduler.on_trial_add(tune_controller, trial)
         again = (getattr(trial, "config", None) or {}).get(RESUME)
         if again and isinstance(scheduler, PopulationBasedTraining):  # PB2 too: a resumed trial's clock
-            from augtune.search.adapters import resume_pbt_clock
-
             resume_pbt_clock(scheduler, trial, again.get("epoch") or 0)
 
     def on_trial_error(self, tune_controller, trial) -> None:

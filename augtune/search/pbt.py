@@ -33,6 +33,7 @@ from typing import Any
 
 from ray.tune.search.sample import Categorical, Float, Integer
 
+from augtune.checks import check_knobs
 from augtune.config import Config, ConfigError, format_value, from_dict, set_values
 from augtune.spaces import Space, constants, searched
 from augtune.spaces.grammar import describe, is_grid
@@ -136,7 +137,6 @@ def _trial_cfg(base: dict, space: Space) -> Config:
 def mutated_keys(cfg: Config, space: Space, base: dict) -> tuple[str, ...]:
     """`search.pbt.mutate`, checked against the space and the method's per-epoch knobs (one line naming
     the key); empty: every searched key that is a per-epoch knob."""
-    from augtune.checks import check_knobs
     from augtune.methods import knobs
 
     pbt = cfg.search.pbt

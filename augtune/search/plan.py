@@ -15,10 +15,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Collection, Optional
 
-from augtune.checks import check_config
-from augtune.config import Config, ConfigError, from_dict, load_config, set_values, to_dict
-from augtune.records import read_search_file
-from augtune.storage import is_uri
+from augtune.checks import check_against_data, check_config
+from augtune.config import Config, ConfigError, dotted_keys, from_dict, load_config, set_values, to_dict
+from augtune.records import LOWER_IS_BETTER, SEARCH_FILE, read_search_file
+from augtune.search.experiment import check_name, data_subject, default_name
+from augtune.search.experiment import check_name_free as name_is_free
+from augtune.search.loggers import check_loggers
+from augtune.search.schedulers import scheduling
+from augtune.storage import StorageError, filesystem, is_uri, read_text, split
 
 DRIVER_CPU = 0.01  # a DDP trial's Tune function only waits on its workers
 ALWAYS_REPORTED = ("loss", "epoch_time_s", "samples_per_s", "epoch")
@@ -58,9 +62,8 @@ def reported_metrics(cfg: Config) -> set[str]:
 def rung_epochs(cfg: Config) -> tuple[int, ...]:
     """The epochs at which the scheduler compares trials (`augtune.search.schedulers`): ASHA's
     grace_period * reduction_factor^k below train.epochs; PBT's every `search.pbt.interval` epochs."""
-    from augtune.search.schedulers import scheduling
-
     return scheduling(cfg).rung_epochs(cfg)
+
 
 
 def trial_base(cfg: Config, storage: str) -> dict:
@@ -68,7 +71,6 @@ def trial_base(cfg: Config, storage: str) -> dict:
     the scheduler's rungs and the last epoch (no scheduler: the last epoch only), plus the epochs of the
     user's own `eval.every` when it is set; `raw` and `random-init` are cached beside the experiments."""
     from augtune.eval import OUTPUTS
-    from augtune.search.schedulers import scheduling
 
     family = next((f for f, names in OUTPUTS.items() if cfg.search.metric in names), None)
     ev, train = cfg.eval, cfg.train
@@ -87,8 +89,6 @@ def trial_base(cfg: Config, storage: str) -> dict:
 
 
 def check_metric(cfg: Config) -> None:
-    from augtune.records import LOWER_IS_BETTER
-
     reported = reported_metrics(cfg)
     if cfg.search.metric not in reported:
         raise ConfigError(f"search.metric: no trial reports {cfg.search.metric!r} with these eval.metrics "
@@ -158,8 +158,6 @@ def absolute_paths(cfg: Config) -> Config:
 def resolve_storage(storage: str | None) -> str:
     """An absolute folder (Ray needs one) or a URI Ray's pyarrow filesystem understands."""
     if storage and is_uri(storage):
-        from augtune.storage import StorageError, filesystem
-
         try:
             filesystem(storage)  # credentials and endpoints: from the environment, which Ray's processes read
         except StorageError as e:
@@ -212,8 +210,6 @@ def plan_search(config: str | Path, overrides: list[str], *, storage: str | None
                 figure_kinds: Optional[Collection[str]] = None) -> SearchPlan:
     """Validate everything about a search without starting Ray or writing a file (`figure_kinds`: the
     plots' registry, which `eval.figures` is checked against)."""
-    from augtune.search.experiment import data_subject, default_name
-
     cfg = check_config(load_config(config, overrides), figure_kinds)
     label = cfg.search.space if isinstance(cfg.search.space, str) else "search"
     storage = resolve_storage(storage)
@@ -229,7 +225,6 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
     """`plan_search` for a resolved config and an absolute storage (compare plans its entrants here, with
     the `modality` of the data it loaded once; a search loads its data here to learn it)."""
     from augtune.data import DataError, load_dataset
-    from augtune.search.experiment import check_name, check_name_free as name_is_free
     from augtune.search.searchers import check_algorithm
     from augtune.spaces import resolve_space
 
@@ -238,19 +233,12 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
         raise ConfigError("search.space: a search needs a space: a registered name (simclr, byol, moco, "
                           "simsiam, ...) or an inline mapping {dotted key: domain}")
     check_metric(cfg)
-    from augtune.search.loggers import check_loggers
-
     check_loggers(cfg)  # a logger's missing package, before Ray starts
     per = cfg.search.repeat_best.per
-    if per is not None:
-        from augtune.config import dotted_keys
-
-        if per not in dotted_keys():
-            raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
+    if per is not None and per not in dotted_keys():
+        raise ConfigError(f"search.repeat_best.per: {per!r} is not a config key")
     rows = ""
     if check_data:
-        from augtune.checks import check_against_data
-
         try:
             data = load_dataset(cfg.dataset)
         except DataError as e:
@@ -262,8 +250,6 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
         rows = describe_rows(data)
     space = resolve_space(cfg.search, modality)
     check_algorithm(cfg.search, space)
-    from augtune.search.schedulers import scheduling
-
     cfg = scheduling(cfg).check(cfg, space, to_dict(cfg))  # e.g. search.pbt.mutate resolved and checked
     base = trial_base(cfg, storage)
     check_trials(base, space, figure_kinds, modality, n_train)
@@ -283,9 +269,6 @@ def plan_config(cfg: Config, *, storage: str, name: str, address: str | None = N
 def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False) -> SearchPlan:
     """The plan an experiment folder (or URI: s3://...) was started with (`augtune resume`), read without
     unpickling; a logger whose package is missing here is refused before Ray starts."""
-    from augtune.search.loggers import check_loggers
-    from augtune.storage import split
-
     try:
         storage, name = split(exp_dir)
         data = _read_search_file(exp_dir)
@@ -299,9 +282,6 @@ def load_plan(exp_dir: str, address: str | None = None, dashboard: bool = False)
 
 def _read_search_file(location: str) -> dict:
     """`records.read_search_file` of a local folder, or of a URI (its messages name the URI)."""
-    from augtune.records import SEARCH_FILE
-    from augtune.storage import read_text
-
     if not is_uri(location):
         return read_search_file(Path(location).expanduser().resolve())
     text = read_text(location, SEARCH_FILE)
@@ -336,8 +316,6 @@ def describe(plan: SearchPlan, repeat_runs: Optional[int] = None) -> list[str]:
     space = resolve_space(s, plan.modality)
     keys = sorted(searched(space)) if space.define_by_run is None else ["(define-by-run)"]
     trials, rb = trials_of(plan), s.repeat_best
-    from augtune.search.schedulers import scheduling
-
     sched = scheduling(cfg).describe(cfg)
     repeats = repeat_runs if repeat_runs is not None else rb.top * len(rb.seeds)
     need = ", ".join(f"{k} {v:g}" for k, v in trial_needs(cfg).items())

@@ -28,6 +28,7 @@ from typing import Optional, Protocol
 from ray.tune.search import SearchAlgorithm
 
 from augtune.records import REPEAT
+from augtune.search.adapters import experiment_of, trial_from_spec
 from augtune.search.searchers import Wrapping
 
 
@@ -103,8 +104,6 @@ class SearchThenRepeat(Wrapping):
         return self.search
 
     def add_configurations(self, experiments) -> None:
-        from augtune.search.adapters import experiment_of
-
         self._experiment = experiment_of(experiments)
         self.search.add_configurations(experiments)
 
@@ -172,8 +171,6 @@ class SearchThenRepeat(Wrapping):
     def _make(self, index: int):
         """A Tune trial of the repeat run `runs[index]`, from the experiment's spec; its config is the run's
         alone (the search's space, whose domains it would carry, is nothing it reads)."""
-        from augtune.search.adapters import trial_from_spec
-
         config = copy.deepcopy(self.runs[index])
         held = next((h for h in self._again if h.config == config), None)
         if held is not None:  # a run a resume makes again, in its folder, from its checkpoint

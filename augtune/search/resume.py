@@ -31,6 +31,7 @@ from typing import Any, Iterable, Optional
 
 from augtune.records import (CANDIDATE, CHECKPOINT_FILE, ENTRANT, RECORD_FILE, REPEAT, RESUME, ROUND,
                              parse_json)
+from augtune.storage import exists, names, read_bytes, read_tail, write_bytes
 
 __all__ = ["RESUME", "Held", "Records", "read_records", "settle_study", "take"]
 ENDED = ("completed", "stopped")
@@ -96,8 +97,6 @@ def records_in(folder: str) -> list[tuple[str, dict]]:
     """(folder name, record) of every trial record directly under `folder`, by name. A record that cannot
     be read (records are written whole, so hardly ever) names no parameters to continue with: it is left
     out, and its search makes its trial anew."""
-    from augtune.storage import names, read_bytes
-
     out = []
     for name in names(folder):
         try:
@@ -163,8 +162,6 @@ def checkpoint_of(tune_run: str, records: str, name: str, lineage: Optional[list
     trial that copied another (`lineage`, its record's) after its last checkpoint has none of that run: it
     continues from the checkpoint it copied, while the donor's folder keeps it, else from its own newest
     (the copy is then undone, and PBT may make another)."""
-    from augtune.storage import names
-
     tune_folder = f"{tune_run.rstrip('/')}/{name}"
     inside = [n for n in names(tune_folder) if n.startswith(CHECKPOINT_PREFIX)]
     index = max((_index(n) for n in inside), default=-1)
@@ -180,8 +177,6 @@ def checkpoint_of(tune_run: str, records: str, name: str, lineage: Optional[list
 def copied_checkpoint(tune_run: str, name: str, copied: Any) -> Optional[tuple[int, str]]:
     """(epoch, path) of the checkpoint trial `name` copied last (`copied`: its lineage's last entry) while
     the donor's folder still keeps it, else None."""
-    from augtune.storage import names
-
     if not isinstance(copied, dict) or copied.get("trial") != name:
         return None
     donor = f"{tune_run.rstrip('/')}/{copied.get('from')}"
@@ -198,8 +193,6 @@ def newest_checkpoint(folder: str, inside: list[str], lineage: Optional[list] = 
     lag: every epoch is then logged once (the ones after it are trained again). When the log holds none of
     them, the oldest, the smallest gap, which the trial's log gets from its record when it starts
     (`unlogged_results`); (0, None) when there is none."""
-    from augtune.storage import read_bytes
-
     complete = []
     for n in inside:
         record = checkpoint_record(f"{folder}/{n}")
@@ -258,8 +251,6 @@ def complete_logs(tune_run: str, held: Iterable[Held]) -> None:
     """Tune's result log of every trial that ended, made whole from its record: Tune uploads its copy of
     the log again and again while it runs, and a kill in the middle of an upload can leave a finished
     trial's log cut short (even empty), which no later run writes again."""
-    from augtune.storage import exists, read_bytes, write_bytes
-
     for h in held:
         folder = f"{tune_run.rstrip('/')}/{h.name}"
         if not h.ended or not h.epochs or not exists(folder):
@@ -293,8 +284,6 @@ def checkpoint_record(folder: str) -> Optional[dict]:
     both whole. A kill or a full disk can cut an upload or a delete short, after the record was copied and
     before the model was: a model cut short lacks the end record that `torch.save`'s zip archive ends
     with, and would fail to load in the trial continued from it."""
-    from augtune.storage import read_bytes, read_tail
-
     data = read_bytes(folder, RECORD_FILE)
     if not data or (read_tail(folder, CHECKPOINT_FILE, 22) or b"")[:4] != ZIP_END:
         return None

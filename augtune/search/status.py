@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from augtune.config import ConfigError, safe_load
 from augtune.records import (COMPARE_FILE, ENTRANT, RECORD_FILE, last_reported, phase_folders, read_record,
                              read_search_file, searched_schedule)
 from augtune.search.experiment import holder_alive
 from augtune.search.resume import tune_id
+from augtune.storage import is_uri, local_copy
 
 INTERRUPTED = "interrupted"  # a trial whose record says `running` when no driver runs its experiment
 SAID = {"stopped": "stopped early by the scheduler"}  # a status as the summary says it
@@ -119,8 +121,6 @@ def status_lines(exp_dir: Path, shown: str, local: bool = True) -> list[str]:
 
 def compare_metric(exp_dir: Path) -> str:
     """A compare's search metric: the first of its `compare.metrics`."""
-    from augtune.config import ConfigError, safe_load
-
     path = exp_dir / COMPARE_FILE
     try:
         data = safe_load(path.read_text(encoding="utf-8"), str(path))
@@ -131,8 +131,6 @@ def compare_metric(exp_dir: Path) -> str:
 
 def format_status(location: str | Path) -> str:
     """`augtune status`: a local experiment folder, or a URI (s3://, gs://) read from a copy of its files."""
-    from augtune.storage import is_uri, local_copy
-
     shown = str(location) if is_uri(location) else str(Path(location).expanduser().resolve())
     with local_copy(shown) as folder:
         try:

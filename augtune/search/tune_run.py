@@ -13,12 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from augtune.config import Config, to_dict
-from augtune.records import COMPARE_REPEAT, COMPARE_SEARCH, REPEAT_DIR, SEARCH_FILE
+from augtune.records import COMPARE_FILE, COMPARE_REPEAT, COMPARE_SEARCH, REPEAT_DIR, SEARCH_FILE
 from augtune.search.choosers import BestOfEach, FirstSeedFigures, RaceOfFinalists, RepeatBest
 from augtune.search.compare import ComparePlan
-from augtune.search.experiment import optuna_storage, save_plan
+from augtune.search.experiment import STUDY_NAME, optuna_storage, save_plan
 from augtune.search.launch import drive
+from augtune.search.loggers import logger_callbacks
 from augtune.search.plan import SearchPlan, trial_resources
+from augtune.search.resume import read_records, settle_study
 from augtune.search.schedulers import scheduling
 from augtune.storage import exists
 
@@ -47,8 +49,6 @@ class TuneRun:
 
     def read(self):
         """What a resume continues from: every trial's record (`resume.read_records`)."""
-        from augtune.search.resume import read_records
-
         return read_records(self.path, self.searches, self.repeats, compare=None not in self.searches)
 
 
@@ -60,7 +60,6 @@ def run_config(cfg: Config, name: str, storage: str, callbacks: list, folders: d
     from ray import tune
 
     from augtune.search.callbacks import SettleRecords
-    from augtune.search.loggers import logger_callbacks
 
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=0,  # augtune's own progress lines instead of Tune's tables
@@ -100,9 +99,6 @@ def settled(storage, held: list, metric: str) -> tuple[dict[str, int], int]:
     made again -> the study's trial of each, the trials the study holds). ({}, 0) with no study yet."""
     import optuna
 
-    from augtune.search.experiment import STUDY_NAME
-    from augtune.search.resume import settle_study
-
     try:
         study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
     except KeyError:  # no study: a new search, or its driver stopped before it asked for a trial
@@ -122,7 +118,6 @@ def tune_run(plan, on_completed: Optional[Callable] = None, callbacks: Optional[
     first seed."""
     from ray import tune
 
-    from augtune.records import COMPARE_FILE
     from augtune.trainables.ray_trainable import tune_trial
 
     experiment, compare, where = plan.experiment, isinstance(plan, ComparePlan), plan.plans[0]
