@@ -45,7 +45,7 @@ API for the search layer (pure functions on a JSON-able state; nothing here star
 as it was); `due` is empty once the race has stopped, and lists a round's runs until each has a
 result, so the layer may launch them all at once (a round's runs are independent) and call
 `advance` as each ends. The finalists must be chosen deterministically from the search records (as
-`search.choosers.best_of` chooses an entrant's best), so that a resumed driver finds the same ones.
+`search.choosers.top_of` ranks an entrant's trials), so that a resumed driver finds the same ones.
 
 Where the state lives: in the repeat records. Each carries its candidate (`candidate`), parameters
 (`params`), seed and final metrics; the decisions are a deterministic function of the completed

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from augtune.config import Config, ConfigError, parse_duration
+from augtune.config import Config, ConfigError
 from augtune.phases import segments
 
 # what the main job spends beside its runs' own set-up, epochs and evaluation on two CPU cores (results
@@ -187,7 +187,3 @@ def measure(cfg: Config, data, log=lambda s: None, evaluate_s: float | None = No
     epoch = sum(t * n for t, n in zip(epochs, shares)) / max(1, sum(shares))
     return Cost("+".join((cfg.method.base, *cfg.method.augment)), epoch, set_up + evaluate_s, floor,
                 evaluate_s)
-
-
-def budget_seconds(cfg: Config) -> float:
-    return parse_duration(cfg.compare.time_budget)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from augtune.config import from_dict, run_signature, to_dict
 from augtune.records import CANDIDATE, ENTRANT, REPEAT, ROUND, knob_schedule, last_reported, searched_schedule
-from augtune.search.resume import ENDED, records_in
+from augtune.search.resume import ENDED, numbers, records_in
 from augtune.storage import write_bytes
 
 if TYPE_CHECKING:
@@ -73,12 +73,6 @@ class RepeatBest:
 
 
 # -- the search trials' records, ranked; what a compare repeats -----------------------------------
-
-def best_of(folder: str, metric: str, mode: str) -> Optional[dict]:
-    """The best search trial's parameters, from the records in `folder` (`top_of`)."""
-    top = top_of(folder, metric, mode, 1)
-    return top[0] if top else None
-
 
 def top_of(folder: str, metric: str, mode: str, k: int, label: Any = None, per: Optional[str] = None) \
         -> list[dict]:
@@ -134,7 +128,7 @@ def repeat_runs(entrants, metric: str, mode: str, seeds, log: Callable[[str], No
     `entrants`: (name, records folder, base, augment) of each."""
     runs = []
     for name, folder, base, augment in sorted(entrants, key=lambda e: -epoch_seconds(e[1])):
-        best = best_of(folder, metric, mode)
+        best = next(iter(top_of(folder, metric, mode, 1)), None)
         if best is None:
             log(f"{name}: no finished search trial; it is left out of the repeat")
             continue
@@ -262,9 +256,7 @@ def race_record(ended, metric: str) -> dict:
     """An ended repeat trial (`repeat.Ended`: its config, its last result) as the part of its record the
     race reads: entrant, candidate, seed, status and final metrics (a trial that errored, or whose result
     holds no finite value of `metric`, as `failed`)."""
-    run = ended.config
-    final = {k: v for k, v in (ended.metrics or {}).items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    run, final = ended.config, numbers(ended.metrics or {})
     ok = ended.error is None and math.isfinite(final.get(metric, math.nan))
     return {"entrant": run.get(ENTRANT), "candidate": run.get(CANDIDATE),
             "seed": run[REPEAT].get("train.seed"), "status": "completed" if ok else "failed",

@@ -30,7 +30,8 @@ from typing import Optional
 import yaml
 
 from augtune.checks import check_against_data
-from augtune.config import SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, safe_load, set_values, to_dict
+from augtune.config import (SPLIT_VARIES_BELOW, Config, ConfigError, from_dict, parse_duration, safe_load,
+                            set_values, to_dict)
 from augtune.records import COMPARE_FILE, LABEL_FREE, SEARCH_FILE, mode_of
 from augtune.search import budget as b
 from augtune.search.plan import concurrency, describe, fit_size, load_plan, plan_config, selecting, trials_of
@@ -230,7 +231,7 @@ def fit_time_budget(cfg: Config, modality: str, address: Optional[str] = None) -
     the costs measured. The measuring is part of the budget. Under `compare.equal: compute` the epochs
     sized are the cheapest entrant's, and each other entrant's run costs about as much as its."""
     start = time.monotonic()
-    total = b.budget_seconds(cfg)
+    total = parse_duration(cfg.compare.time_budget)
     c = cfg.compare
     if address:  # a cluster's size is known once Ray is connected: its concurrency limit, else one
         slots = cfg.search.max_concurrent or 1

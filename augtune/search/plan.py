@@ -175,11 +175,10 @@ def resolve_storage(storage: str | None) -> str:
 
 
 def trial_resources(cfg: Config) -> dict[str, float]:
+    """What the Tune function of a trial holds itself (a DDP trial's workers hold the rest)."""
     from augtune.trainables.ray_trainable import runs_in_process
 
-    if runs_in_process(cfg):
-        return {"cpu": cfg.resources.cpus_per_worker}
-    return {"cpu": DRIVER_CPU}
+    return {"cpu": cfg.resources.cpus_per_worker if runs_in_process(cfg) else DRIVER_CPU}
 
 
 def trial_needs(cfg: Config) -> dict[str, float]:

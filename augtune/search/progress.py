@@ -27,29 +27,20 @@ REPEAT_TITLE = "repeat"
 
 
 class Progress(Callback):
-    def __init__(
-        self,
-        metric: str,
-        mode: str,
-        total: Optional[int],
-        title: str = "search",
-        stream: Optional[TextIO] = None,  # sys.stdout when the line is made (not when imported)
-        tty: Optional[bool] = None,  # redraw one line ("\r"); None: when the stream is a terminal
-        every_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-        # a compare's `time_budget`: (seconds, when it began on `clock`); the line shows what is left
-        budget: Optional[tuple[float, float]] = None,
-    ):
+    """The progress line of `total` trials optimising `metric` (`mode`). `stream`: sys.stdout when the line
+    is made (not when imported); `tty`: redraw one line ("\\r"), by default when the stream is a terminal;
+    `budget`: a compare's `time_budget` (seconds, when it began on `clock`), whose time left it shows."""
+
+    def __init__(self, metric: str, mode: str, total: Optional[int], title: str = "search",
+                 stream: Optional[TextIO] = None, tty: Optional[bool] = None, every_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, budget: Optional[tuple[float, float]] = None):
         self.metric, self.mode, self.total, self.title = metric, mode, total, title
         self.budget = budget
         self.stream, self.every_s, self.clock = stream or sys.stdout, every_s, clock
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
-        self.start = clock()
-        self.last_print = -1e9
-        self.best: Optional[tuple[float, dict]] = None
-        self.ended = 0
         self.printed = ""  # the last line written to a file: the same line is not written twice
         self.stepped: Optional[list] = None  # the trials as Tune's last step left them
+        self._restart()
         # the run's search algorithm when it repeats the best (`repeat.SearchThenRepeat`): how many repeat
         # runs it chose; set by `tune_run`'s `start` for every run, new or resumed; never pickled with Tune's
         self.phases = None
@@ -67,10 +58,15 @@ class Progress(Callback):
 
     # -- Tune's hooks ---------------------------------------------------------------------------------
 
+    def _restart(self) -> None:
+        """Counts, best and clock start again: a new Tune run, or its repeat phase."""
+        self.start, self.ended, self.last_print = self.clock(), 0, -1e9
+        self.best: Optional[tuple[float, dict]] = None
+
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
-        """A new Tune run (a new or resumed search): counts and best start again."""
+        """A new Tune run (a new or resumed search)."""
         self.total = total_num_samples or self.total
-        self.start, self.best, self.ended, self.last_print = self.clock(), None, 0, -1e9
+        self._restart()
         self.stepped, self.repeating = None, False
 
     def on_step_end(self, iteration, trials, **info):
@@ -101,7 +97,7 @@ class Progress(Callback):
             if self.tty:
                 self.stream.write("\n")
             self.repeating = True
-            self.start, self.best, self.ended, self.last_print = self.clock(), None, 0, -1e9
+            self._restart()
 
     def on_experiment_end(self, trials, **info):
         self.last_print = -1e9
