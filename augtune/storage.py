@@ -1,7 +1,8 @@
 """An experiment folder by local path or URI (s3://, gs://, ...), through pyarrow's file systems.
 
-Ray Tune writes a search kept in cloud storage with pyarrow (`augtune search --storage s3://...`);
-`augtune resume`, `status` and `export` read it back here, with the same file systems. Credentials
+Ray Tune writes a search kept in cloud storage with pyarrow (`augtune search --storage s3://...`), and a
+trial uploads its own folder here (`trainables.ray_trainable.TrialFolder`); the search layer, `augtune
+resume`, `status` and `export` read and write it here, with the same file systems. Credentials
 and endpoints come from the environment that Ray's own processes read too (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, AWS_ENDPOINT_URL for an S3-compatible server;
 GOOGLE_APPLICATION_CREDENTIALS for gs://), never from the URI: augtune joins experiment and trial

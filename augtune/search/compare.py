@@ -43,8 +43,6 @@ SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed (config.py bound
 HELD = ("method.base", "method.augment", "train.epochs", "train.batch_size", "train.seed")
 
 
-
-
 @dataclass(frozen=True)
 class Entrant:
     base: str

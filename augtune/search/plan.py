@@ -65,7 +65,6 @@ def rung_epochs(cfg: Config) -> tuple[int, ...]:
     return scheduling(cfg).rung_epochs(cfg)
 
 
-
 def trial_base(cfg: Config, storage: str) -> dict:
     """The config every trial starts from. The search metric is evaluated where someone reads it:
     the scheduler's rungs and the last epoch (no scheduler: the last epoch only), plus the epochs of the
