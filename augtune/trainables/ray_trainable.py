@@ -339,7 +339,8 @@ class TrialFolder:
             return
         from augtune.storage import split, upload
 
-        patiently(lambda: upload(self.local, *split(self.uri)), f"uploading {self.uri}")
+        parent, name = split(self.uri)
+        patiently(lambda: upload(self.local, parent, name), f"uploading {self.uri}")
 
     def write_record(self, record: RunRecord) -> None:
         record.write(self.local)
